@@ -1,0 +1,3 @@
+from dlperf.cli import main
+
+main()

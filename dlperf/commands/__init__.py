@@ -1,0 +1,1 @@
+"""Click commands, one module per command family; `dlperf.cli` registers them lazily."""

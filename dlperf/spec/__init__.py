@@ -1,0 +1,1 @@
+"""YAML specs (models, hardware) into frozen, validated dataclasses."""

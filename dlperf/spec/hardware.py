@@ -1,0 +1,255 @@
+"""Hardware specs: one accelerator and the network as levels from the innermost out.
+
+Minimal form (accepted as it stands):
+
+    name: dgx-a100
+    source: "..."
+    device: {name, peak_flops: {dtype: '312 TFLOP/s'}, memory: '80 GiB', memory_bandwidth: '2039 GB/s'}
+    network:                      # innermost first; bandwidth per device, per direction
+      - {name: nvswitch, size: 8, bandwidth: 300 GB/s, latency: 3 us}
+      - {name: infiniband-hdr, bandwidth: 200 Gb/s, latency: 5 us}   # outermost: no size
+
+`size` of a level is the number of devices in one domain of that level (8 GPUs per NVSwitch node); the
+outermost level has no size (it spans the whole cluster).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from dlperf import builtins
+from dlperf.errors import DlperfError, SpecError
+from dlperf.spec.yamlio import check_keys, field_name, line_of, load_yaml_file
+from dlperf.units import parse_quantity
+
+DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")
+KERNEL_CLASSES = ("matmul", "conv", "memory")
+
+# Defaults when a hardware file gives no efficiency curve. Sources:
+# - matmul 0.87: A100 SXM BF16 maximum achievable matmul 271.2/312 TF/s (stas00/ml-engineering,
+#   compute/accelerator/README.md, "MAMF"); H100 SXM is 80.3%. Half size 2 GFLOP: a 1024^3 GEMM
+#   (2.1 GFLOP) runs at roughly half of MAMF on an A100 (same source's shape sweep).
+# - memory 0.9: STREAM-like copy reaches ~90% of HBM peak on V100/A100 (Jia et al. 2018/2019,
+#   "Dissecting the NVIDIA Volta/Ampere GPU architecture via microbenchmarking").
+# - launch 5 us: CUDA kernel launch overhead is ~3-7 us (same microbenchmark papers).
+DEFAULT_EFFICIENCY = {
+    "matmul": (0.87, 2e9),
+    "conv": (0.80, 2e9),
+    "memory": (0.90, 4.0 * 2**20),
+}
+DEFAULT_LAUNCH_LATENCY = 5e-6
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fraction of peak as a saturating (Hockney) curve: peak * size / (size + half).
+
+    `size` is FLOPs for matmul/conv and bytes for memory; `half` is Hockney's n_1/2.
+    """
+
+    peak: float
+    half: float = 0.0
+    source: str = ""
+
+    def at(self, size: Any) -> Any:
+        if self.half == 0:
+            return self.peak
+        return self.peak * size / (size + self.half)
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    peak_flops: dict[str, float]
+    memory: float
+    memory_bandwidth: float
+    launch_latency: float = DEFAULT_LAUNCH_LATENCY
+    efficiency: dict[str, Efficiency] = field(default_factory=dict)
+
+    def peak(self, dtype: str) -> float:
+        """Peak FLOP/s for a dtype; fp32 stands in for a dtype the device does not list."""
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        if dtype == "tf32" or dtype not in DTYPES:
+            return self.peak_flops["fp32"]
+        raise SpecError(f"device {self.name} has no peak_flops for {dtype}", field="device.peak_flops")
+
+    def eff(self, kernel_class: str) -> Efficiency:
+        if kernel_class in self.efficiency:
+            return self.efficiency[kernel_class]
+        peak, half = DEFAULT_EFFICIENCY[kernel_class]
+        return Efficiency(peak, half, "dlperf default")
+
+
+@dataclass(frozen=True)
+class NetworkLevel:
+    name: str
+    size: int | None
+    bandwidth: float
+    latency: float
+    efficiency: float = 1.0
+    # How many independent links (rails) one domain of this level has toward the next level out, used for
+    # contention: several groups crossing the same level share links. None = one per device (full rails).
+    links_per_domain: int | None = None
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    source: str
+    device: Device
+    network: tuple[NetworkLevel, ...]
+    path: str = ""
+    price_per_device_hour: float | None = None
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def devices_per_node(self) -> int:
+        return self.network[0].size or 1 if self.network else 1
+
+    def with_overrides(self, **changes: Any) -> Hardware:
+        return replace(self, **changes)
+
+
+_TOP_KEYS = ("name", "source", "description", "device", "network", "price_per_device_hour", "calibration")
+_DEVICE_KEYS = (
+    "name", "peak_flops", "memory", "memory_bandwidth", "launch_latency", "efficiency", "source",
+)
+_LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "source")
+_EFF_KEYS = ("peak", "half", "source")
+
+
+def _quantity(node: dict, key: str, kind: str, file: str, where: str) -> float:
+    try:
+        return parse_quantity(node[key], kind)
+    except DlperfError as err:
+        raise err.located(file=file, line=line_of(node, key), field=field_name(where, key)) from None
+
+
+def _positive_int(node: dict, key: str, file: str, where: str) -> int:
+    value = node[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(
+            expected="a positive integer", found=value, file=file, line=line_of(node, key),
+            field=field_name(where, key),
+        )
+    return value
+
+
+def _fraction(value: Any, file: str, line: int | None, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise SpecError(expected="a number in (0, 1]", found=value, file=file, line=line, field=where)
+    return float(value)
+
+
+def _text(node: dict, key: str, file: str, where: str) -> str:
+    value = node[key]
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError(
+            expected="a non-empty string", found=value, file=file, line=line_of(node, key),
+            field=field_name(where, key),
+        )
+    return value
+
+
+def _efficiency(node: Any, file: str, where: str) -> dict[str, Efficiency]:
+    check_keys(node, KERNEL_CLASSES, file, where)
+    out = {}
+    for cls, curve in node.items():
+        here = field_name(where, cls)
+        check_keys(curve, _EFF_KEYS, file, here, required=("peak",))
+        peak = _fraction(curve["peak"], file, line_of(curve, "peak"), field_name(here, "peak"))
+        half = 0.0
+        if "half" in curve:
+            kind = "bytes" if cls == "memory" else "flops"
+            half = _quantity(curve, "half", kind, file, here)
+        out[cls] = Efficiency(peak, half, str(curve.get("source", "")))
+    return out
+
+
+def _device(node: Any, file: str) -> Device:
+    where = "device"
+    check_keys(node, _DEVICE_KEYS, file, where, required=("name", "peak_flops", "memory", "memory_bandwidth"))
+    flops = node["peak_flops"]
+    check_keys(flops, DTYPES, file, "device.peak_flops")
+    if "fp32" not in flops:
+        raise SpecError("missing required key 'fp32'", file=file, line=line_of(flops), field="device.peak_flops")
+    peak = {dt: _quantity(flops, dt, "flop_rate", file, "device.peak_flops") for dt in flops}
+    return Device(
+        name=_text(node, "name", file, where),
+        peak_flops=peak,
+        memory=_quantity(node, "memory", "bytes", file, where),
+        memory_bandwidth=_quantity(node, "memory_bandwidth", "bandwidth", file, where),
+        launch_latency=(
+            _quantity(node, "launch_latency", "time", file, where)
+            if "launch_latency" in node else DEFAULT_LAUNCH_LATENCY
+        ),
+        efficiency=_efficiency(node["efficiency"], file, "device.efficiency") if "efficiency" in node else {},
+    )
+
+
+def _network(node: Any, file: str) -> tuple[NetworkLevel, ...]:
+    if not isinstance(node, list) or not node:
+        raise SpecError(expected="a non-empty list of levels", found=node, file=file, line=line_of(node),
+                        field="network")
+    levels, previous = [], 1
+    for i, level in enumerate(node):
+        where = f"network[{i}]"
+        last = i == len(node) - 1
+        check_keys(level, _LEVEL_KEYS, file, where, required=("name", "bandwidth", "latency"))
+        size = _positive_int(level, "size", file, where) if "size" in level else None
+        if size is None and not last:
+            raise SpecError("every level but the outermost needs a size", file=file, line=line_of(level),
+                            field=field_name(where, "size"))
+        if size is not None and (size < previous or size % previous):
+            raise SpecError(expected=f"a multiple of the inner level's size {previous}", found=size,
+                            file=file, line=line_of(level, "size"), field=field_name(where, "size"))
+        previous = size or previous
+        eff = level.get("efficiency", 1.0)
+        links = _positive_int(level, "links_per_domain", file, where) if "links_per_domain" in level else None
+        levels.append(NetworkLevel(
+            name=_text(level, "name", file, where),
+            size=size,
+            bandwidth=_quantity(level, "bandwidth", "bandwidth", file, where),
+            latency=_quantity(level, "latency", "time", file, where),
+            efficiency=_fraction(eff, file, line_of(level, "efficiency"), field_name(where, "efficiency")),
+            links_per_domain=links,
+        ))
+    return tuple(levels)
+
+
+def hardware_from_dict(data: Any, file: str) -> Hardware:
+    check_keys(data, _TOP_KEYS, file, "", required=("name", "device", "network"))
+    price = data.get("price_per_device_hour")
+    if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float)) or price <= 0):
+        raise SpecError(expected="a positive number (USD)", found=price, file=file,
+                        line=line_of(data, "price_per_device_hour"), field="price_per_device_hour")
+    calibration = data.get("calibration", {})
+    if not isinstance(calibration, dict):
+        raise SpecError(expected="a mapping", found=calibration, file=file, line=line_of(data, "calibration"),
+                        field="calibration")
+    return Hardware(
+        name=_text(data, "name", file, ""),
+        source=str(data.get("source", "")),
+        device=_device(data["device"], file),
+        network=_network(data["network"], file),
+        path=file,
+        price_per_device_hour=float(price) if price is not None else None,
+        calibration=dict(calibration),
+    )
+
+
+def load_hardware(name_or_path: str | Path) -> Hardware:
+    """Load a built-in hardware spec by name (`dgx-a100`) or a YAML file by path."""
+    path = builtins.resolve(str(name_or_path), "hardware")
+    if not path.exists() and not builtins.is_builtin(str(name_or_path), "hardware") and path.parent == \
+            builtins.data_dir("hardware"):
+        names = builtins.builtin_names("hardware")
+        from dlperf.spec.yamlio import closest
+
+        hint = closest(str(name_or_path), names)
+        raise SpecError(f"unknown hardware {str(name_or_path)!r}" + (f" (did you mean {hint!r}?)" if hint else ""),
+                        expected="a built-in name (" + ", ".join(names) + ") or a .yaml path")
+    return hardware_from_dict(load_yaml_file(path), str(path))
