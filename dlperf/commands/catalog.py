@@ -1,0 +1,78 @@
+"""`dlperf list` and `dlperf show`: what is built in, and a per-layer table of a model or a hardware spec."""
+
+from __future__ import annotations
+
+import click
+
+from dlperf import builtins
+from dlperf.commands.common import format_option, parse_sets, set_option, shape_text
+from dlperf.report import render
+from dlperf.units import format_quantity
+
+
+@click.command("list")
+@format_option
+def list_cmd(fmt: str) -> None:
+    """List the built-in models and hardware, one line each with a summary."""
+    from dlperf.spec.yamlio import load_yaml_file
+
+    rows = []
+    for kind in ("models", "hardware"):
+        for name in builtins.builtin_names(kind):
+            data = load_yaml_file(builtins.data_dir(kind) / f"{name}.yaml")
+            summary = data.get("description", "") if isinstance(data, dict) else ""
+            rows.append({"kind": kind[:-1] if kind == "models" else kind, "name": name, "summary": summary})
+    click.echo(render(rows, fmt))
+
+
+@click.command("show")
+@click.argument("name")
+@set_option
+@click.option("--dtype", type=click.Choice(["fp32", "tf32", "fp16", "bf16", "fp8"]), default=None,
+              help="Storage dtype for activation bytes (default: the model's).")
+@format_option
+def show(name: str, sets: tuple[str, ...], dtype: str | None, fmt: str) -> None:
+    """Show a model (per-layer table with totals) or a hardware spec, by built-in name or YAML path."""
+    from dlperf.spec.hardware import load_hardware
+
+    if builtins.is_builtin(name, "hardware") or _looks_like_hardware(name):
+        click.echo(_hardware_text(load_hardware(name), fmt))
+        return
+    from dlperf.engine.layers import layer_table
+    from dlperf.spec.model import load_model
+
+    model = load_model(name, parse_sets(sets))
+    rows, totals = layer_table(model, dtype or model.dtype)
+    if fmt == "table":
+        for row in rows:
+            row["output"] = shape_text(row["output"])
+        click.echo(render(rows + [totals], fmt, title=f"{model.name}: {model.description}"))
+    else:
+        click.echo(render(rows + [totals], fmt))
+
+
+def _looks_like_hardware(name: str) -> bool:
+    if not name.endswith((".yaml", ".yml")):
+        return False
+    from pathlib import Path
+
+    from dlperf.spec.yamlio import load_yaml_file
+
+    data = load_yaml_file(Path(name))
+    return isinstance(data, dict) and "device" in data
+
+
+def _hardware_text(hw, fmt: str) -> str:  # noqa: ANN001 - Hardware, imported lazily
+    device = hw.device
+    rows = [{"item": f"peak {dt}", "value": format_quantity(v, "flop_rate")} for dt, v in device.peak_flops.items()]
+    rows += [
+        {"item": "memory", "value": format_quantity(device.memory, "bytes")},
+        {"item": "memory bandwidth", "value": format_quantity(device.memory_bandwidth, "bandwidth")},
+        {"item": "launch latency", "value": format_quantity(device.launch_latency, "time")},
+    ]
+    for level in hw.network:
+        size = f"{level.size} devices" if level.size else "cluster"
+        rows.append({"item": f"network {level.name} ({size})",
+                     "value": f"{format_quantity(level.bandwidth, 'bandwidth')}/device, "
+                              f"{format_quantity(level.latency, 'time')}, efficiency {level.efficiency:g}"})
+    return render(rows, fmt, title=f"{hw.name}: {device.name}  (source: {hw.source})")

@@ -1,0 +1,43 @@
+"""Options shared by several commands (sqlite-utils style decorators) and small parsing helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from dlperf.errors import SpecError
+from dlperf.report import FORMATS
+
+
+def format_option(fn: Callable) -> Callable:
+    return click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+                        help="Output format.")(fn)
+
+
+def set_option(fn: Callable) -> Callable:
+    return click.option("--set", "sets", multiple=True, metavar="NAME=VALUE",
+                        help="Override a model parameter (repeatable), e.g. --set layers=24.")(fn)
+
+
+def parse_sets(sets: tuple[str, ...]) -> dict[str, int]:
+    """'--set layers=24' pairs into {'layers': 24}; values must be positive integers."""
+    out: dict[str, int] = {}
+    for item in sets:
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name:
+            raise SpecError("--set", expected="NAME=VALUE", found=item)
+        try:
+            number = int(value)
+        except ValueError:
+            raise SpecError(f"--set {name}", expected="a positive integer", found=value) from None
+        if number < 1:
+            raise SpecError(f"--set {name}", expected="a positive integer", found=value)
+        out[name] = number
+    return out
+
+
+def shape_text(shape: tuple[Any, ...]) -> str:
+    return "x".join(str(d) for d in shape)

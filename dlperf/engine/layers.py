@@ -1,0 +1,118 @@
+"""Per-layer costs under tensor parallelism: which layers are split across tp ranks, and which collectives
+Megatron-style splitting puts on the critical path (Shoeybi et al. 2019, section 3; survey section 6).
+
+The walk keeps one bit of state, whether the activation is sharded across the tp group. A linear layer on a
+replicated input is column-parallel (its input gradient is allreduced backward) and leaves the activation
+sharded; a linear layer on a sharded input is row-parallel (its output is allreduced forward). Element-wise ops
+follow the sharding; ops that need the whole activation (norms, softmax over features) gather it first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dlperf.ops import OPS
+from dlperf.ops.base import BYTES_PER_ELEMENT, Layer, numel
+from dlperf.spec.model import Branches, Model, Seq
+
+Comm = tuple[str, str, Any]  # (phase: fwd | bwd, collective, elements per sample)
+
+
+@dataclass(frozen=True)
+class Use:
+    """One distinct layer as it runs under tensor parallelism, with how often it runs per sample."""
+
+    layer: Layer
+    count: int
+    sharded: bool
+    comm: tuple[Comm, ...] = ()
+
+
+def _tp_layer(layer: Layer, sharded: bool, sp: bool) -> tuple[bool, bool, tuple[Comm, ...]]:
+    """(runs split?, sharded after?, collectives) for one layer given the incoming sharding."""
+    kind = OPS[layer.op].tp
+    n_in, n_out = numel(layer.in_shape), numel(layer.out_shape)
+    gather_in: tuple[Comm, ...] = (("fwd", "allgather", n_in),) if sharded else ()
+    if kind == "linear":
+        if not sharded:  # column-parallel: f operator (identity forward, allreduce backward)
+            comm = (("fwd", "allgather", n_in), ("bwd", "reduce_scatter", n_in)) if sp else (
+                ("bwd", "allreduce", n_in),)
+            return True, True, comm
+        comm = (("fwd", "reduce_scatter", n_out), ("bwd", "allgather", n_out)) if sp else (
+            ("fwd", "allreduce", n_out),)  # row-parallel: g operator
+        return True, False, comm
+    if kind == "attention":
+        both = (("fwd", "allgather", n_in), ("fwd", "reduce_scatter", n_out),
+                ("bwd", "allgather", n_out), ("bwd", "reduce_scatter", n_in))
+        return True, False, gather_in + (both if sp else (("fwd", "allreduce", n_out), ("bwd", "allreduce", n_in)))
+    if kind == "conv":  # survey section 6: allgather of outputs forward, reduction of input gradients backward
+        return True, False, gather_in + (("fwd", "allgather", n_out), ("bwd", "allreduce", n_in))
+    if kind == "vocab" and layer.op == "embedding":
+        return True, False, (("fwd", "reduce_scatter" if sp else "allreduce", n_out),)
+    if kind == "vocab":  # vocabulary-parallel cross entropy: allreduce of per-row max and sum (fp32)
+        return (True, False, (("fwd", "allreduce", 2 * numel(layer.in_shape[:-1])),)) if sharded else (
+            False, False, ())
+    if kind == "full":
+        return False, False, gather_in
+    return sharded, sharded, ()
+
+
+def tp_uses(model: Model, sp: bool = False) -> list[Use]:
+    """Distinct layers with counts and their tensor-parallel behaviour, in first-seen order."""
+    uses: list[Use] = []
+    _walk(model.root, 1, False, sp, uses)
+    merged: dict[tuple, Use] = {}
+    for use in uses:
+        key = (use.layer, use.sharded, use.comm)
+        old = merged.get(key)
+        merged[key] = Use(use.layer, use.count + (old.count if old else 0), use.sharded, use.comm)
+    return list(merged.values())
+
+
+def _walk(node: Any, count: int, sharded: bool, sp: bool, out: list[Use]) -> bool:
+    if isinstance(node, Layer):
+        split, sharded, comm = _tp_layer(node, sharded, sp)
+        out.append(Use(node, count, split, comm))
+        return sharded
+    if isinstance(node, Seq):
+        start = sharded
+        for item in node.items:
+            sharded = _walk(item, count * node.repeat, sharded, sp, out)
+        if node.repeat > 1 and sharded != start:  # a repeated block must end as it started
+            out.append(Use(_gather_marker(node), count * node.repeat, False, (("fwd", "allgather", 0),)))
+            sharded = start
+        return sharded
+    ends = [_walk(path, count, sharded, sp, out) for path in node.paths]
+    if isinstance(node, Branches) and node.merge.op == "add" and len(node.paths) == 1:
+        ends.append(sharded)  # identity shortcut
+    merged = all(ends) and node.merge.op != "concat"
+    gathers = tuple(("fwd", "allgather", numel(node.merge.in_shape)) for end in ends if end and not merged)
+    out.append(Use(node.merge, count, merged, gathers))
+    return merged
+
+
+def _gather_marker(seq: Seq) -> Layer:
+    return Layer("flatten", (), (), (), f"{seq.name}.gather")
+
+
+def element_bytes(dtype: str) -> int:
+    return BYTES_PER_ELEMENT[dtype]
+
+
+def layer_table(model: Model, dtype: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows for `dlperf show`: every layer in order with output shape, params, activation bytes, forward FLOPs
+    (per sample, per occurrence), and a totals row that multiplies by the repeat counts."""
+    e = element_bytes(dtype)
+    rows, total = [], {"params": 0, "act": 0, "flops": 0}
+    for layer, count in model.layers():
+        flops = sum(k.cost.fwd_flops for k in OPS[layer.op].kernels(layer, 1, e))
+        act = e * numel(layer.out_shape)
+        rows.append({"name": layer.name, "op": layer.op, "output": layer.out_shape, "count": count,
+                     "params": layer.params, "activation_bytes": act, "forward_flops": flops})
+        total["params"] += layer.params * count
+        total["act"] += act * count
+        total["flops"] += flops * count
+    totals = {"name": "TOTAL", "op": "", "output": "", "count": None, "params": total["params"],
+              "activation_bytes": total["act"], "forward_flops": total["flops"]}
+    return rows, totals

@@ -1,0 +1,103 @@
+"""What every operator rule provides, and the Layer record the spec loader produces."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlperf import mathx
+from dlperf.cost import Cost
+from dlperf.errors import ShapeError
+
+Shape = tuple[Any, ...]
+REQUIRED = object()  # marks an attribute without default
+
+BYTES_PER_ELEMENT = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+MASK_BYTES = 1  # dropout masks are stored as one byte per element (PyTorch bool tensors)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One operator instance with its resolved attributes and shapes (per sample; batch is symbolic)."""
+
+    op: str
+    attrs: tuple[tuple[str, Any], ...]
+    in_shape: Shape
+    out_shape: Shape
+    name: str = ""
+    params: Any = 0
+
+    def __getitem__(self, key: str) -> Any:
+        return dict(self.attrs)[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return dict(self.attrs).get(key, default)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel (or fused group) of an operator: its cost and how it behaves on the device.
+
+    `cls` picks the efficiency curve (matmul, conv, memory); `launches` counts forward kernel launches
+    (the backward pass launches about twice as many); `split` says whether tensor parallelism divides it.
+    """
+
+    name: str
+    cls: str
+    cost: Cost
+    launches: Any = 1
+    split: bool = True
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """A table entry: ~10-line functions for shape, parameters, kernels and saved activations.
+
+    tp describes the op under Megatron-style tensor parallelism: 'linear' (column/row pairing), 'attention'
+    (heads split; allreduce of the output forward and of the input gradient backward), 'conv' (filters split;
+    allgather of outputs forward, allreduce of input gradients backward, survey section 6), 'vocab'
+    (vocabulary-parallel embedding or loss), 'elementwise' (follows its input's sharding), 'full' (needs the
+    whole activation), 'none' (no data).
+    """
+
+    attrs: dict[str, Any]
+    shape: Callable[[Shape, dict], Shape]
+    kernels: Callable[[Layer, Any, int], tuple[Kernel, ...]]
+    params: Callable[[Shape, dict], Any] = lambda shape, a: 0
+    saved: Callable[[Layer, int], Any] = lambda layer, e: e * numel(layer.in_shape)
+    asymptotic: Callable[[Layer, Any], tuple[Any, Any]] | None = None
+    tp: str = "elementwise"
+    check: Callable[[Shape, dict], None] = field(default=lambda shape, a: None)
+
+
+def numel(shape: Shape) -> Any:
+    out: Any = 1
+    for dim in shape:
+        out = out * dim
+    return out
+
+
+def clog2(x: Any) -> Any:
+    """ceil(log2 x), the depth of a binary reduction tree over x values (survey Table 6)."""
+    if isinstance(x, int):
+        return 0 if x <= 1 else math.ceil(math.log2(x))
+    return mathx.ceil(mathx.log2(x))
+
+
+def need_rank(shape: Shape, rank: int | tuple[int, ...], op: str) -> None:
+    ranks = (rank,) if isinstance(rank, int) else rank
+    if len(shape) not in ranks:
+        want = " or ".join(str(r) for r in ranks)
+        raise ShapeError(f"{op} needs a rank-{want} input per sample", expected=f"rank {want}", found=list(shape))
+
+
+def elementwise_kernel(name: str, n: Any, e: int, flops_per: float, bwd_flops_per: float,
+                       reads: float = 1, bwd_reads: float = 2) -> Kernel:
+    """A memory-bound kernel over n elements: reads `reads` tensors and writes one (backward: reads, writes dx)."""
+    return Kernel(name, "memory", Cost(
+        fwd_flops=flops_per * n, bwd_data_flops=bwd_flops_per * n,
+        fwd_bytes=e * n * (reads + 1), bwd_bytes=e * n * (bwd_reads + 1),
+        depth=1, bwd_depth=1,
+    ))

@@ -1,0 +1,217 @@
+"""Matrix-multiply operators: linear (GEMM), embedding, attention, and the loss over a vocabulary.
+
+Exact counts: a multiply-add is 2 FLOPs (SURVEY_MODELS.md 2c). Linear: forward 2*t*d*o, and backward data and
+backward weight the same each, so training is 3x forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlperf.cost import Cost
+from dlperf.ops.base import MASK_BYTES, REQUIRED, Kernel, Layer, OpRule, clog2, numel
+
+# ---- linear ---------------------------------------------------------------------------------------------
+
+
+def _tokens(layer: Layer, batch: Any) -> Any:
+    """Rows of the GEMM: batch times every leading dimension."""
+    return batch * numel(layer.in_shape[:-1])
+
+
+def gemm(name: str, m: Any, k: Any, n: Any, e: int, bias: bool = False, weight: bool = True) -> Kernel:
+    """C[m,n] = A[m,k] B[k,n]: forward 2mkn; dA = dC B^T and dB = A^T dC cost 2mkn each (Table 4, FC rows).
+
+    Depths: forward reduces over k, backward-data over n, backward-weight over m.
+    """
+    flops = 2 * m * k * n
+    extra = m * n if bias else 0
+    return Kernel(name, "matmul", Cost(
+        fwd_flops=flops + extra,
+        bwd_data_flops=flops,
+        bwd_weight_flops=(flops + extra) if weight else 0,
+        fwd_bytes=e * (m * k + k * n + m * n),
+        bwd_bytes=e * 2 * (m * n + m * k + k * n),
+        depth=clog2(k) + (1 if bias else 0),
+        bwd_depth=clog2(n),
+    ))
+
+
+def _linear_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    d, o = layer.in_shape[-1], layer["out"]
+    return (gemm("gemm", _tokens(layer, batch), d, o, e, bias=layer["bias"]),)
+
+
+def _linear_params(shape: tuple, a: dict) -> Any:
+    if a["tied"]:
+        return a["out"] if a["bias"] else 0
+    return shape[-1] * a["out"] + (a["out"] if a["bias"] else 0)
+
+
+def _fc_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
+    # Table 4: W = O(C_out * C_in * N), D = O(log C_in)
+    return batch * numel(layer.in_shape[:-1]) * layer.in_shape[-1] * layer["out"], clog2(layer.in_shape[-1])
+
+
+def _linear_check(shape: tuple, a: dict) -> None:
+    from dlperf.errors import ShapeError
+
+    if a["in"] is not None and isinstance(shape[-1], int) and a["in"] != shape[-1]:
+        raise ShapeError("linear input width does not match", expected=f"in = {a['in']}", found=shape[-1])
+
+
+LINEAR = OpRule(
+    attrs={"out": REQUIRED, "in": None, "bias": True, "tied": False},
+    check=_linear_check,
+    shape=lambda s, a: (*s[:-1], a["out"]),
+    params=_linear_params,
+    kernels=_linear_kernels,
+    asymptotic=_fc_asymptotic,
+    tp="linear",
+)
+
+# ---- embedding ------------------------------------------------------------------------------------------
+
+
+def _embedding_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    tokens = batch * numel(layer.in_shape)
+    n = tokens * layer["dim"]
+    # A gather: read one row per token, write it. Backward scatter-adds the rows into the table gradient.
+    return (Kernel("gather", "memory", Cost(
+        fwd_bytes=2 * e * n + 8 * tokens, bwd_weight_flops=n, bwd_bytes=3 * e * n, depth=1, bwd_depth=1,
+    )),)
+
+
+EMBEDDING = OpRule(
+    attrs={"vocab": REQUIRED, "dim": REQUIRED},
+    shape=lambda s, a: (*s, a["dim"]),
+    params=lambda s, a: a["vocab"] * a["dim"],
+    kernels=_embedding_kernels,
+    saved=lambda layer, e: 8 * numel(layer.in_shape),  # int64 token ids
+    tp="vocab",
+)
+
+
+def _positional_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    n = batch * numel(layer.in_shape)
+    return (Kernel("add_table", "memory", Cost(
+        fwd_flops=n, fwd_bytes=3 * e * n, bwd_weight_flops=n, bwd_bytes=2 * e * n, depth=1, bwd_depth=1,
+    ), split=False),)
+
+
+POSITIONAL = OpRule(
+    attrs={"length": REQUIRED},
+    shape=lambda s, a: s,
+    params=lambda s, a: a["length"] * s[-1],
+    kernels=_positional_kernels,
+    saved=lambda layer, e: 0,
+    tp="elementwise",
+)
+
+# ---- attention ------------------------------------------------------------------------------------------
+
+
+def _attention_dims(layer: Layer) -> tuple[Any, Any, Any, Any, Any, Any]:
+    s, d = layer.in_shape[-2], layer.in_shape[-1]
+    heads, kv_heads = layer["heads"], layer["kv_heads"]
+    head_dim = layer["head_dim"]
+    return s, d, heads, kv_heads, head_dim, layer["kv_seq"]
+
+
+def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    """Q, K, V projections, scores QK^T, softmax, AV, output projection (Vaswani et al. 2017, eq. 1).
+
+    The fused (FlashAttention, Dao et al. 2022) variant does the same FLOPs but never writes the
+    heads*s*s_kv score matrix to memory: its traffic is only Q, K, V and the output.
+    """
+    s, d, h, kv, hd, skv = _attention_dims(layer)
+    bias, out = layer["bias"], layer["out"]
+    q_rows, kv_rows = batch * s, batch * skv
+    scores = batch * h * s * skv
+    projections = (
+        gemm("q_proj", q_rows, d, h * hd, e, bias),
+        gemm("kv_proj", kv_rows, d, 2 * kv * hd, e, bias),
+    )
+    out_proj = gemm("out_proj", q_rows, h * hd, out, e, bias)
+    qk = Cost(fwd_flops=2 * scores * hd, bwd_data_flops=4 * scores * hd, depth=clog2(hd), bwd_depth=clog2(skv))
+    av = Cost(fwd_flops=2 * scores * hd, bwd_data_flops=4 * scores * hd, depth=clog2(skv), bwd_depth=clog2(hd))
+    softmax = Cost(fwd_flops=5 * scores, bwd_data_flops=4 * scores, depth=2 * clog2(skv), bwd_depth=clog2(skv))
+    qkv_bytes = e * (batch * s * h * hd + 2 * batch * skv * kv * hd)
+    if layer["flash"]:
+        core = qk + av + softmax
+        fused = Cost(*(getattr(core, f) for f in ("fwd_flops", "bwd_data_flops", "bwd_weight_flops")),
+                     fwd_bytes=qkv_bytes + e * batch * s * h * hd, bwd_bytes=3 * qkv_bytes,
+                     depth=core.depth, bwd_depth=core.bwd_depth)
+        return (*projections, Kernel("flash_attention", "matmul", fused), out_proj)
+    score_bytes = e * scores
+    return (
+        *projections,
+        Kernel("scores", "matmul", qk + Cost(fwd_bytes=qkv_bytes * 2 / 3 + score_bytes,
+                                              bwd_bytes=2 * score_bytes + 2 * qkv_bytes)),
+        Kernel("softmax", "memory", softmax + Cost(fwd_bytes=2 * score_bytes + MASK_BYTES * scores,
+                                                   bwd_bytes=3 * score_bytes + MASK_BYTES * scores)),
+        Kernel("attend", "matmul", av + Cost(fwd_bytes=score_bytes + qkv_bytes / 3 + e * batch * s * h * hd,
+                                              bwd_bytes=2 * score_bytes + qkv_bytes)),
+        out_proj,
+    )
+
+
+def _attention_params(s: tuple, a: dict) -> Any:
+    d, h, kv, hd, out = s[-1], a["heads"], a["kv_heads"], a["head_dim"], a["out"]
+    weights = d * h * hd + 2 * d * kv * hd + h * hd * out
+    return weights + ((h * hd + 2 * kv * hd + out) if a["bias"] else 0)
+
+
+def _attention_saved(layer: Layer, e: int) -> Any:
+    """Korthikanti et al. 2022, section 4.1: input, Q, K, V, softmax output, dropout mask and dropped scores,
+    output-projection input = 10sh + 5*a*s^2 bytes-per-element-2 terms for a standard layer. The fused
+    kernel keeps no s^2 terms (only a per-row log-sum-exp)."""
+    s, d, h, kv, hd, skv = _attention_dims(layer)
+    linear_terms = e * (s * d + s * h * hd + 2 * skv * kv * hd + s * h * hd)
+    if layer["flash"]:
+        return linear_terms + 4 * h * s
+    return linear_terms + (2 * e + MASK_BYTES) * h * s * skv
+
+
+def _attention_check(shape: tuple, a: dict) -> None:
+    from dlperf.errors import ShapeError
+
+    if isinstance(a["heads"], int) and isinstance(a["kv_heads"], int) and a["heads"] % a["kv_heads"]:
+        raise ShapeError(expected="heads divisible by kv_heads", found=f"{a['heads']} heads, {a['kv_heads']}")
+
+
+def _attention_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
+    s, d, h, kv, hd, skv = _attention_dims(layer)
+    return batch * (s * d * h * hd + h * s * skv * hd), clog2(d) + clog2(skv) + clog2(hd)
+
+
+ATTENTION = OpRule(
+    attrs={"heads": REQUIRED, "head_dim": None, "kv_heads": None, "causal": False, "bias": True,
+           "flash": False, "kv_seq": None, "out": None},
+    shape=lambda s, a: (*s[:-1], a["out"]),
+    params=_attention_params,
+    kernels=_attention_kernels,
+    saved=_attention_saved,
+    asymptotic=_attention_asymptotic,
+    tp="attention",
+    check=_attention_check,
+)
+
+# ---- loss -----------------------------------------------------------------------------------------------
+
+
+def _cross_entropy_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    n = batch * numel(layer.in_shape)
+    # softmax over classes (max, exp, sum, divide ~ 5 FLOPs/element) + log-likelihood; backward p - onehot.
+    return (Kernel("softmax_nll", "memory", Cost(
+        fwd_flops=5 * n, bwd_data_flops=n, fwd_bytes=2 * e * n, bwd_bytes=2 * e * n,
+        depth=2 * clog2(layer.in_shape[-1]), bwd_depth=1,
+    )),)
+
+
+CROSS_ENTROPY = OpRule(
+    attrs={},
+    shape=lambda s, a: (1,),
+    kernels=_cross_entropy_kernels,
+    tp="vocab",
+)

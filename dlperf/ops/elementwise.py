@@ -1,0 +1,182 @@
+"""Memory-bound operators: activations, dropout, normalizations, softmax, pooling, shape ops and merges.
+
+Counts follow SURVEY_MODELS.md 2c: activation N*C*H*W forward and backward; batch norm ~8 NCHW forward and
+~12 NCHW backward; pooling N*C*H'*W'*Ky*Kx forward and N*C*H'*W' backward (max pooling).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlperf.cost import Cost
+from dlperf.errors import ShapeError
+from dlperf.ops.base import MASK_BYTES, REQUIRED, Kernel, Layer, OpRule, clog2, elementwise_kernel, need_rank, numel
+
+# FLOPs per element, forward and backward: relu is a compare; gelu's tanh form ~ 8 mul/add + tanh; silu and
+# sigmoid need an exp and a divide.
+ACTIVATION_FLOPS = {"relu": (1, 1), "gelu": (8, 12), "silu": (4, 6), "tanh": (4, 2), "sigmoid": (4, 2)}
+
+
+def _n(layer: Layer, batch: Any) -> Any:
+    return batch * numel(layer.in_shape)
+
+
+def _activation(op: str) -> OpRule:
+    fwd, bwd = ACTIVATION_FLOPS[op]
+    return OpRule(
+        attrs={},
+        shape=lambda s, a: s,
+        kernels=lambda layer, b, e: (elementwise_kernel(op, _n(layer, b), e, fwd, bwd),),
+    )
+
+
+def _dropout_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    n = _n(layer, batch)
+    # random draw + compare + scale; writes the output and a one-byte mask, backward reads the mask.
+    return (Kernel("dropout", "memory", Cost(
+        fwd_flops=3 * n, bwd_data_flops=n, fwd_bytes=2 * e * n + MASK_BYTES * n,
+        bwd_bytes=2 * e * n + MASK_BYTES * n, depth=1, bwd_depth=1,
+    )),)
+
+
+DROPOUT = OpRule(
+    attrs={"p": 0.1},
+    shape=lambda s, a: s,
+    kernels=_dropout_kernels,
+    saved=lambda layer, e: MASK_BYTES * numel(layer.in_shape),
+)
+
+
+def _batchnorm_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    n = _n(layer, batch)
+    reduce_over = batch * numel(layer.in_shape[1:])  # N*H*W per channel
+    # Forward reads x twice (statistics, then normalize) and writes y; backward reads x and dy twice.
+    return (Kernel("batchnorm", "memory", Cost(
+        fwd_flops=8 * n, bwd_data_flops=8 * n, bwd_weight_flops=4 * n,
+        fwd_bytes=3 * e * n, bwd_bytes=5 * e * n, depth=clog2(reduce_over), bwd_depth=clog2(reduce_over),
+    ), split=True),)
+
+
+BATCHNORM = OpRule(
+    attrs={"eps": None},
+    shape=lambda s, a: s,
+    params=lambda s, a: 2 * s[0],
+    kernels=_batchnorm_kernels,
+)
+
+
+def _norm(rms: bool) -> OpRule:
+    def kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+        n, d = _n(layer, batch), layer.in_shape[-1]
+        flops = 5 if rms else 8
+        return (Kernel("rmsnorm" if rms else "layernorm", "memory", Cost(
+            fwd_flops=flops * n, bwd_data_flops=(flops + 2) * n, bwd_weight_flops=2 * n,
+            fwd_bytes=2 * e * n, bwd_bytes=4 * e * n, depth=clog2(d) + 2, bwd_depth=clog2(d) + 2,
+        ), split=False),)
+
+    def params(s: tuple, a: dict) -> Any:
+        return s[-1] * (1 if rms or not a["bias"] else 2)
+
+    return OpRule(attrs={} if rms else {"bias": True, "eps": None}, shape=lambda s, a: s, params=params,
+                  kernels=kernels, tp="full")
+
+
+def _softmax_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    kernel = elementwise_kernel("softmax", _n(layer, batch), e, 5, 4)
+    d = layer.in_shape[-1]
+    return (Kernel(kernel.name, kernel.cls, Cost(kernel.cost.fwd_flops, kernel.cost.bwd_data_flops, 0,
+                                                 kernel.cost.fwd_bytes, kernel.cost.bwd_bytes,
+                                                 2 * clog2(d), clog2(d)), split=False),)
+
+
+SOFTMAX = OpRule(attrs={}, shape=lambda s, a: s, kernels=_softmax_kernels,
+                 saved=lambda layer, e: e * numel(layer.out_shape), tp="full")
+
+FLATTEN = OpRule(attrs={}, shape=lambda s, a: (numel(s),), kernels=lambda layer, b, e: (), saved=lambda l, e: 0,
+                 tp="full")
+
+# ---- pooling --------------------------------------------------------------------------------------------
+
+
+def _pair(value: Any) -> tuple[Any, Any]:
+    return (value[0], value[1]) if isinstance(value, (list, tuple)) else (value, value)
+
+
+def pool_out(size: Any, kernel: Any, stride: Any, padding: Any, dilation: Any = 1) -> Any:
+    """H' = floor((H + 2p - d(K-1) - 1)/s) + 1 (SURVEY_MODELS.md 2c)."""
+    span = size + 2 * padding - dilation * (kernel - 1) - 1
+    if isinstance(span, int) and span < 0:
+        raise ShapeError(f"kernel {kernel} (dilation {dilation}) is larger than its padded input {size + 2 * padding}",
+                         expected="a kernel no larger than the input")
+    return span // stride + 1
+
+
+def _pool_shape(s: tuple, a: dict) -> tuple:
+    need_rank(s, 3, "pooling")
+    (kh, kw), (sh, sw), (ph, pw) = _pair(a["kernel"]), _pair(a["stride"] or a["kernel"]), _pair(a["padding"])
+    return (s[0], pool_out(s[1], kh, sh, ph), pool_out(s[2], kw, sw, pw))
+
+
+def _pool_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    kh, kw = _pair(layer["kernel"])
+    outputs = batch * numel(layer.out_shape)
+    inputs = batch * numel(layer.in_shape)
+    return (Kernel("pool", "memory", Cost(
+        fwd_flops=outputs * kh * kw, bwd_data_flops=outputs,
+        fwd_bytes=e * (inputs + outputs), bwd_bytes=e * (inputs + outputs) + 4 * outputs,
+        depth=clog2(kh) + clog2(kw), bwd_depth=1,
+    )),)
+
+
+def _pool_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
+    kh, kw = _pair(layer["kernel"])
+    return batch * numel(layer.in_shape), clog2(kh) + clog2(kw)  # Table 4: O(NCHW), O(log Kx + log Ky)
+
+
+POOL = OpRule(attrs={"kernel": REQUIRED, "stride": None, "padding": 0}, shape=_pool_shape,
+              kernels=_pool_kernels, asymptotic=_pool_asymptotic, tp="elementwise")
+
+
+def _adaptive_shape(s: tuple, a: dict) -> tuple:
+    need_rank(s, 3, "adaptive_avgpool")
+    oh, ow = _pair(a["output"])
+    return (s[0], oh, ow)
+
+
+def _avg_all_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    inputs = batch * numel(layer.in_shape)
+    return (Kernel("avgpool", "memory", Cost(
+        fwd_flops=inputs, bwd_data_flops=inputs, fwd_bytes=e * (inputs + batch * numel(layer.out_shape)),
+        bwd_bytes=e * (inputs + batch * numel(layer.out_shape)), depth=clog2(numel(layer.in_shape[1:])),
+        bwd_depth=1,
+    )),)
+
+
+ADAPTIVE_AVGPOOL = OpRule(attrs={"output": [1, 1]}, shape=_adaptive_shape, kernels=_avg_all_kernels)
+GLOBAL_AVGPOOL = OpRule(attrs={}, shape=lambda s, a: (need_rank(s, 3, "global_avgpool"), s[0])[1:],
+                        kernels=_avg_all_kernels)
+
+# ---- merges (residual add, concat, multiply) ------------------------------------------------------------
+
+
+def _add_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    n = batch * numel(layer.out_shape)
+    # y = a + b reads two, writes one; the gradient passes through unchanged (no backward kernel).
+    return (Kernel("add", "memory", Cost(fwd_flops=n, fwd_bytes=3 * e * n, depth=1)),)
+
+
+def _multiply_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    n = batch * numel(layer.out_shape)
+    return (Kernel("multiply", "memory", Cost(fwd_flops=n, bwd_data_flops=2 * n, fwd_bytes=3 * e * n,
+                                              bwd_bytes=5 * e * n, depth=1, bwd_depth=1)),)
+
+
+def _concat_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    n = batch * numel(layer.out_shape)
+    return (Kernel("concat", "memory", Cost(fwd_bytes=2 * e * n, bwd_bytes=2 * e * n, depth=1, bwd_depth=1)),)
+
+
+ADD = OpRule(attrs={}, shape=lambda s, a: s, kernels=_add_kernels, saved=lambda layer, e: 0)
+MULTIPLY = OpRule(attrs={}, shape=lambda s, a: s, kernels=_multiply_kernels,
+                  saved=lambda layer, e: 2 * e * numel(layer.out_shape))
+CONCAT = OpRule(attrs={}, shape=lambda s, a: s, kernels=_concat_kernels, saved=lambda layer, e: 0, tp="full")

@@ -1,0 +1,110 @@
+"""A plan says how one training step runs on the cluster; `Plan.validate` checks its rules with one-line errors."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from dlperf.errors import PlanError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+CONSISTENCY = ("sync", "ssp", "async")
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
+
+@dataclass(frozen=True)
+class Plan:
+    devices: int = 1
+    dp: int | None = None
+    tp: int = 1
+    pp: int = 1
+    global_batch: int = 1
+    micro_batch: int | None = None
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    zero: int = 0
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    overlap: bool | None = None          # DP allreduce overlapped with backward; None = default for the plan
+    compression: str = "none"
+    consistency: str = "sync"
+    staleness: int = 0
+    dtype: str | None = None             # None = the model's dtype
+    optimizer: str = "adam"
+    parameter_server: int = 0            # >0: data parallelism through that many sharded servers instead
+    grad_dtype: str | None = None        # None = the compute dtype's storage type
+
+    @property
+    def data_parallel(self) -> int:
+        return self.dp if self.dp is not None else self.devices // (self.tp * self.pp)
+
+    @property
+    def micro(self) -> int:
+        per_replica = self.global_batch // self.data_parallel
+        return self.micro_batch if self.micro_batch is not None else per_replica
+
+    @property
+    def micro_batches(self) -> int:
+        return self.global_batch // (self.data_parallel * self.micro)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(dp=self.data_parallel, micro_batch=self.micro, micro_batches=self.micro_batches)
+        return out
+
+    def with_(self, **changes: Any) -> Plan:
+        return replace(self, **changes)
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"{name} must be a positive integer", expected="an integer >= 1", found=value)
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise PlanError(f"{name}", expected="one of " + ", ".join(choices), found=value)
+
+
+def validate(plan: Plan, heads: int | None = None, layers: int | None = None) -> Plan:
+    """Check degrees multiply to the device count, batches divide, tp <= heads, pp <= layers, ..."""
+    for name in ("devices", "tp", "pp", "global_batch", "virtual_stages"):
+        _positive(name, getattr(plan, name))
+    if plan.dp is not None:
+        _positive("dp", plan.dp)
+    if plan.micro_batch is not None:
+        _positive("micro_batch", plan.micro_batch)
+    _choice("schedule", plan.schedule, SCHEDULES)
+    _choice("recompute", plan.recompute, RECOMPUTE)
+    _choice("optimizer", plan.optimizer, OPTIMIZERS)
+    _choice("consistency", plan.consistency, CONSISTENCY)
+    if plan.dtype is not None:
+        _choice("dtype", plan.dtype, DTYPES)
+    if plan.zero not in (0, 1, 2, 3):
+        raise PlanError("zero", expected="0, 1, 2 or 3", found=plan.zero)
+    dp = plan.data_parallel
+    if dp < 1 or dp * plan.tp * plan.pp != plan.devices:
+        raise PlanError(f"dp*tp*pp must equal the device count: {dp}*{plan.tp}*{plan.pp} != {plan.devices}")
+    if plan.global_batch % dp:
+        raise PlanError(f"global batch {plan.global_batch} is not divisible by dp={dp}")
+    per_replica = plan.global_batch // dp
+    if per_replica % plan.micro:
+        raise PlanError(f"per-replica batch {per_replica} is not divisible by micro-batch {plan.micro}")
+    if heads is not None and isinstance(heads, int) and plan.tp > 1 and heads % plan.tp:
+        raise PlanError(f"tp={plan.tp} must divide the attention heads ({heads})")
+    if layers is not None and plan.pp > layers:
+        raise PlanError(f"pp={plan.pp} exceeds the number of layers that can be staged ({layers})")
+    if plan.schedule == "interleaved":
+        if plan.pp == 1:
+            raise PlanError("the interleaved schedule needs pp > 1")
+        if plan.micro_batches % plan.pp:
+            raise PlanError(f"interleaved 1F1B needs micro-batches ({plan.micro_batches}) divisible by pp={plan.pp}")
+    elif plan.virtual_stages != 1:
+        raise PlanError("virtual stages need --schedule interleaved")
+    if plan.sequence_parallel and plan.tp == 1:
+        raise PlanError("sequence parallelism needs tp > 1")
+    if plan.consistency == "sync" and plan.staleness:
+        raise PlanError("staleness needs --consistency ssp or async")
+    return plan

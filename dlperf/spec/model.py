@@ -1,0 +1,413 @@
+"""Model specs: YAML -> a tree of Layers with shapes inferred from the per-sample input (docs/model-format.md).
+
+Identical layers are kept once: a `repeat: 96` block is one subtree with a count, never 96 copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dlperf import builtins
+from dlperf.errors import DlperfError, ShapeError, SpecError
+from dlperf.ops import MERGE_OPS, OPS
+from dlperf.ops.base import REQUIRED, Layer
+from dlperf.spec import expr
+from dlperf.spec.hardware import DTYPES
+from dlperf.spec.yamlio import check_keys, closest, line_of, load_yaml_file
+
+TOP_KEYS = ("name", "description", "source", "input", "dtype", "params", "base", "blocks", "layers")
+FLOAT_ATTRS = ("p", "eps")
+CHOICE_ATTRS = {"algorithm": ("auto", "direct", "im2col", "winograd", "fft")}
+MAX_REPEAT = 10**6
+
+
+@dataclass(frozen=True)
+class Seq:
+    """Layers in sequence, the whole run `repeat` times (shape-preserving when repeat > 1)."""
+
+    items: tuple[Node, ...]
+    repeat: int = 1
+    name: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class Branches:
+    """Parallel paths from one input, merged by `merge` (add for residuals, concat for inception)."""
+
+    paths: tuple[Seq, ...]
+    merge: Layer
+    name: str = field(default="", compare=False)
+
+
+Node = Layer | Seq | Branches
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    description: str
+    source: str
+    path: str
+    input_shape: tuple[Any, ...]
+    dtype: str
+    params: dict[str, Any]
+    root: Seq
+
+    @property
+    def output_shape(self) -> tuple[Any, ...]:
+        return out_shape(self.root, self.input_shape)
+
+    def layers(self) -> list[tuple[Layer, int]]:
+        """Every layer in order with how many times it runs per sample (repeats multiplied through)."""
+        return list(walk(self.root, 1))
+
+    def counted(self) -> list[tuple[Layer, int]]:
+        """Distinct layers (same op, attributes and input shape) with their total counts, first-seen order."""
+        totals: dict[Layer, int] = {}
+        for layer, count in walk(self.root, 1):
+            totals[layer] = totals.get(layer, 0) + count
+        return list(totals.items())
+
+    @property
+    def total_params(self) -> Any:
+        return sum(layer.params * count for layer, count in self.counted())
+
+
+def walk(node: Node, count: int) -> Iterator[tuple[Layer, int]]:
+    if isinstance(node, Layer):
+        yield node, count
+    elif isinstance(node, Seq):
+        for item in node.items:
+            yield from walk(item, count * node.repeat)
+    else:
+        for path in node.paths:
+            yield from walk(path, count)
+        yield node.merge, count
+
+
+def out_shape(node: Node, default: tuple[Any, ...]) -> tuple[Any, ...]:
+    if isinstance(node, Layer):
+        return node.out_shape
+    if isinstance(node, Branches):
+        return node.merge.out_shape
+    return out_shape(node.items[-1], default) if node.items else default
+
+
+# ---- loading --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Ctx:
+    file: str
+    blocks: dict[str, Any]
+    depth: int = 0
+
+
+def load_model(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Model:
+    """Load a built-in model by name (`resnet50`) or a YAML file by path, with `--set` style overrides."""
+    data, file = _read_with_base(str(name_or_path), seen=())
+    return model_from_dict(data, file, overrides or {})
+
+
+def _read(name_or_path: str) -> tuple[Any, str]:
+    path = builtins.resolve(name_or_path, "models")
+    if path.parent == builtins.data_dir("models") and not path.exists():
+        names = builtins.builtin_names("models")
+        hint = closest(name_or_path, names)
+        raise SpecError(f"unknown model {name_or_path!r}" + (f" (did you mean {hint!r}?)" if hint else ""),
+                        expected="a built-in name (" + ", ".join(names) + ") or a .yaml path")
+    return load_yaml_file(path), str(path)
+
+
+def _read_with_base(name_or_path: str, seen: tuple[str, ...]) -> tuple[Any, str]:
+    data, file = _read(name_or_path)
+    check_keys(data, TOP_KEYS, file, "")
+    if "base" not in data:
+        return data, file
+    base_name = data["base"]
+    if not isinstance(base_name, str) or base_name in seen or len(seen) > 8:
+        raise SpecError(expected="the name of another model (no cycles)", found=base_name, file=file,
+                        line=line_of(data, "base"), field="base")
+    base, _ = _read_with_base(base_name, (*seen, name_or_path))
+    merged = dict(base)
+    merged.update({k: v for k, v in data.items() if k not in ("params", "base")})
+    params = dict(base.get("params") or {})
+    params.update(data.get("params") or {})
+    merged["params"] = params
+    return merged, file
+
+
+def model_from_dict(data: Any, file: str, overrides: dict[str, Any]) -> Model:
+    check_keys(data, TOP_KEYS, file, "", required=("name", "input", "layers"))
+    params = _params(data.get("params") or {}, overrides, file)
+    dtype = data.get("dtype", "fp32")
+    if dtype not in DTYPES:
+        raise SpecError(expected="one of " + ", ".join(DTYPES), found=dtype, file=file, line=line_of(data, "dtype"),
+                        field="dtype")
+    input_shape = _shape(data["input"], params, file, line_of(data, "input"), "input")
+    blocks = data.get("blocks") or {}
+    if not isinstance(blocks, dict):
+        raise SpecError(expected="a mapping of block names", found=blocks, file=file, line=line_of(data, "blocks"),
+                        field="blocks")
+    root = _sequence(data["layers"], input_shape, params, _Ctx(file, blocks), "layers", 1)
+    return Model(
+        name=str(data["name"]), description=str(data.get("description", "")), source=str(data.get("source", "")),
+        path=file, input_shape=input_shape, dtype=dtype, params=params, root=root,
+    )
+
+
+def _params(node: Any, overrides: dict[str, Any], file: str) -> dict[str, Any]:
+    if not isinstance(node, dict):
+        raise SpecError(expected="a mapping of names to integers", found=node, file=file, line=line_of(node),
+                        field="params")
+    for name, value in overrides.items():
+        if name not in node:
+            hint = closest(name, node)
+            raise SpecError(f"--set {name}: the model has no parameter {name!r}"
+                            + (f" (did you mean {hint!r}?)" if hint else ""),
+                            expected="one of " + (", ".join(node) or "(none)"), file=file)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(f"--set {name}", expected="a positive integer", found=value, file=file)
+    env: dict[str, Any] = {}
+    for name, raw in node.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise SpecError(expected="an identifier", found=name, file=file, line=line_of(node, name), field="params")
+        value = overrides.get(name, raw)
+        env[name] = _param_value(name, value, env, file, line_of(node, name))
+    return env
+
+
+def _param_value(name: str, value: Any, env: dict[str, Any], file: str, line: int | None) -> Any:
+    if value is None:
+        import sympy
+
+        return sympy.Symbol(name, positive=True, integer=True)
+    try:
+        result = _evaluate(value, env)
+    except DlperfError as err:
+        raise err.located(file=file, line=line, field=f"params.{name}") from None
+    if isinstance(result, int) and result < 1:
+        raise SpecError(expected="a positive integer", found=value, file=file, line=line, field=f"params.{name}")
+    return result
+
+
+def _evaluate(value: Any, env: dict[str, Any]) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        return expr.evaluate(value, env)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise SpecError(expected="an integer or an expression", found=value)
+
+
+def _shape(node: Any, env: dict[str, Any], file: str, line: int | None, where: str) -> tuple[Any, ...]:
+    if not isinstance(node, list) or not node:
+        raise SpecError(expected="a non-empty list of dimensions", found=node, file=file, line=line, field=where)
+    dims = []
+    for dim in node:
+        try:
+            value = _evaluate(dim, env)
+        except DlperfError as err:
+            raise err.located(file=file, line=line, field=where) from None
+        if isinstance(value, bool) or (isinstance(value, int) and value < 1):
+            raise SpecError(expected="positive dimensions", found=node, file=file, line=line, field=where)
+        dims.append(value)
+    return tuple(dims)
+
+
+def _sequence(node: Any, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int | None) -> Seq:
+    if not isinstance(node, list) or not node:
+        raise SpecError(expected="a non-empty list of layers", found=node, file=ctx.file, line=line_of(node) or line,
+                        field=where)
+    items = []
+    for index, entry in enumerate(node):
+        item_where, item_line = f"{where}[{index}]", line_of(node, index)
+        try:
+            item = _entry(entry, shape, env, ctx, item_where, item_line)
+        except DlperfError as err:
+            raise err.located(file=ctx.file, line=item_line, field=item_where) from None
+        shape = out_shape(item, shape)
+        items.append(item)
+    return Seq(tuple(items))
+
+
+def _entry(entry: Any, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int | None) -> Node:
+    if not isinstance(entry, dict):
+        raise SpecError(expected="a layer mapping like {op: conv2d, ...}", found=entry, file=ctx.file, line=line,
+                        field=where)
+    if "block" in entry:
+        return _block_call(entry, shape, env, ctx, where, line)
+    if "residual" in entry:
+        check_keys(entry, ("residual", "shortcut", "name"), ctx.file, where)
+        paths = [entry["residual"]] + ([entry["shortcut"]] if "shortcut" in entry else [])
+        return _branches(paths, "add", shape, env, ctx, where, line, entry.get("name", "residual"),
+                         identity=len(paths) == 1)
+    if "branches" in entry:
+        check_keys(entry, ("branches", "merge", "name"), ctx.file, where, required=("merge",))
+        paths = entry["branches"]
+        if not isinstance(paths, list) or not paths:
+            raise SpecError(expected="a list of layer lists", found=paths, file=ctx.file, line=line,
+                            field=f"{where}.branches")
+        return _branches(paths, entry["merge"], shape, env, ctx, where, line, entry.get("name", "branches"))
+    if "op" not in entry:
+        raise SpecError("a layer needs `op`, `block`, `residual` or `branches`", file=ctx.file, line=line,
+                        field=where, expected="one of op, block, residual, branches", found=sorted(entry))
+    return _op_layer(entry, shape, env, ctx, where, line)
+
+
+def _repeat(entry: dict, env: dict, ctx: _Ctx, where: str, line: int | None) -> int:
+    value = _evaluate(entry.get("repeat", 1), env)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPEAT:
+        raise SpecError(expected=f"a repeat count from 1 to {MAX_REPEAT}", found=entry.get("repeat"), file=ctx.file,
+                        line=line_of(entry, "repeat") or line, field=f"{where}.repeat")
+    return value
+
+
+def _block_call(entry: dict, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int | None) -> Seq:
+    check_keys(entry, ("block", "repeat", "args", "name"), ctx.file, where)
+    name = entry["block"]
+    if name not in ctx.blocks:
+        hint = closest(str(name), ctx.blocks)
+        raise SpecError(f"unknown block {name!r}" + (f" (did you mean {hint!r}?)" if hint else ""), file=ctx.file,
+                        line=line, field=f"{where}.block", expected="one of " + ", ".join(ctx.blocks))
+    if ctx.depth > 16:
+        raise SpecError("blocks nest too deeply (a block calls itself?)", file=ctx.file, line=line, field=where)
+    block = ctx.blocks[name]
+    check_keys(block, ("args", "layers"), ctx.file, f"blocks.{name}", required=("layers",))
+    local = dict(env)
+    defaults = block.get("args") or {}
+    given = entry.get("args") or {}
+    check_keys(given, list(defaults), ctx.file, f"{where}.args")
+    for arg, default in defaults.items():
+        raw = given.get(arg, default)
+        local[arg] = _evaluate(raw, {**env, **{k: v for k, v in local.items() if k in defaults}})
+    repeat = _repeat(entry, env, ctx, where, line)
+    inner = _sequence(block["layers"], shape, local, _Ctx(ctx.file, ctx.blocks, ctx.depth + 1),
+                      f"blocks.{name}.layers", line_of(block, "layers"))
+    _check_repeatable(inner, shape, repeat, where)
+    return Seq(inner.items, repeat, str(entry.get("name", name)))
+
+
+def _check_repeatable(seq: Seq, shape: tuple, repeat: int, where: str) -> None:
+    end = out_shape(seq, shape)
+    if repeat > 1 and tuple(end) != tuple(shape):
+        raise ShapeError(f"{where}: a repeated block must keep its shape", expected=list(shape), found=list(end))
+
+
+def _branches(paths: list, merge: Any, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int | None,
+              name: str, identity: bool = False) -> Branches:
+    if merge not in MERGE_OPS:
+        raise SpecError(expected="merge: " + " | ".join(MERGE_OPS), found=merge, file=ctx.file, line=line,
+                        field=f"{where}.merge")
+    seqs = [_sequence(p, shape, env, ctx, f"{where}.path{i}", line) for i, p in enumerate(paths)]
+    ends = [out_shape(s, shape) for s in seqs] + ([shape] if identity else [])
+    merged = _merge_shape(merge, ends)
+    merge_layer = Layer(merge, (), ends[0], merged, f"{name}.{merge}")
+    return Branches(tuple(seqs), merge_layer, str(name))
+
+
+def _merge_shape(merge: str, ends: list[tuple]) -> tuple:
+    first = ends[0]
+    if merge == "concat":
+        if any(len(e) != len(first) or tuple(e[1:]) != tuple(first[1:]) for e in ends):
+            if not all(len(e) >= 1 and tuple(e[:-1]) == tuple(first[:-1]) for e in ends):
+                raise ShapeError("concat needs equal shapes except the channel (or last) dimension",
+                                 expected="matching shapes", found=[list(e) for e in ends])
+            return (*first[:-1], sum(e[-1] for e in ends))
+        return (sum(e[0] for e in ends), *first[1:])
+    if any(tuple(e) != tuple(first) for e in ends):
+        raise ShapeError(f"{merge} needs equal shapes on every path", expected=list(first),
+                         found=[list(e) for e in ends])
+    return first
+
+
+def _op_layer(entry: dict, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int | None) -> Node:
+    op = entry["op"]
+    if op not in OPS or op in MERGE_OPS:
+        names = [o for o in OPS if o not in MERGE_OPS]
+        hint = closest(str(op), names)
+        raise SpecError(f"unknown op {op!r}" + (f" (did you mean {hint!r}?)" if hint else ""), file=ctx.file,
+                        line=line, field=f"{where}.op", expected="one of " + ", ".join(names))
+    rule = OPS[op]
+    check_keys(entry, ("op", "name", "repeat", *rule.attrs), ctx.file, where)
+    attrs = {}
+    for key, default in rule.attrs.items():
+        if key in entry:
+            attrs[key] = _attr(op, key, entry[key], default, env, ctx, where, line_of(entry, key) or line)
+        elif default is REQUIRED:
+            raise SpecError(f"{op} needs {key!r}", file=ctx.file, line=line, field=f"{where}.{key}",
+                            expected=f"a value for {key}")
+        else:
+            attrs[key] = default
+    _fill_derived(op, attrs, shape)
+    rule.check(shape, attrs)
+    out = rule.shape(shape, attrs)
+    layer = Layer(op, tuple(sorted((k, _hashable(v)) for k, v in attrs.items())), tuple(shape), tuple(out),
+                  str(entry.get("name", op)), rule.params(shape, attrs))
+    repeat = _repeat(entry, env, ctx, where, line)
+    if repeat == 1:
+        return layer
+    seq = Seq((layer,), repeat, layer.name)
+    _check_repeatable(seq, shape, repeat, where)
+    return seq
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _attr(op: str, key: str, raw: Any, default: Any, env: dict, ctx: _Ctx, where: str, line: int | None) -> Any:
+    field_where = f"{where}.{key}"
+    try:
+        if key in CHOICE_ATTRS:
+            if raw not in CHOICE_ATTRS[key]:
+                raise SpecError(expected="one of " + ", ".join(CHOICE_ATTRS[key]), found=raw)
+            return raw
+        if key in FLOAT_ATTRS:
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw < 1:
+                raise SpecError(expected="a number in [0, 1)", found=raw)
+            return float(raw)
+        if isinstance(default, bool):
+            if not isinstance(raw, bool):
+                raise SpecError(expected="true or false", found=raw)
+            return raw
+        if key == "padding" and raw == "same":
+            return raw
+        if isinstance(raw, list):
+            if len(raw) != 2:
+                raise SpecError(expected="an integer or a pair [h, w]", found=raw)
+            return [_count(op, key, v, env) for v in raw]
+        return _count(op, key, raw, env)
+    except DlperfError as err:
+        raise err.located(file=ctx.file, line=line, field=field_where) from None
+
+
+def _count(op: str, key: str, raw: Any, env: dict) -> Any:
+    value = _evaluate(raw, env)
+    minimum = 0 if key == "padding" else 1
+    if isinstance(value, bool) or (isinstance(value, int) and value < minimum):
+        raise SpecError(expected=f"an integer >= {minimum}", found=raw)
+    return value
+
+
+def _fill_derived(op: str, attrs: dict, shape: tuple) -> None:
+    """Attention defaults that depend on the input: head_dim = width/heads, kv_heads = heads, out = width."""
+    if op != "attention":
+        return
+    if len(shape) != 2:
+        raise ShapeError("attention needs a [seq, width] input per sample", expected="rank 2", found=list(shape))
+    seq, width = shape
+    if attrs["head_dim"] is None:
+        if isinstance(width, int) and isinstance(attrs["heads"], int) and width % attrs["heads"]:
+            raise ShapeError(f"width {width} is not divisible by heads {attrs['heads']}",
+                             expected="hidden divisible by heads", found=attrs["heads"])
+        attrs["head_dim"] = width // attrs["heads"] if isinstance(width, int) else width / attrs["heads"]
+    attrs["kv_heads"] = attrs["kv_heads"] or attrs["heads"]
+    attrs["kv_seq"] = attrs["kv_seq"] or seq
+    attrs["out"] = attrs["out"] or width
