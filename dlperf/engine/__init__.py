@@ -6,7 +6,7 @@ from typing import Any
 
 
 def predict(model: Any, hardware: Any, plan: Any) -> Any:
-    """`dlperf.engine.predict(model, hardware, plan)`; see dlperf.engine.predict.predict."""
-    from dlperf.engine.predict import predict as _predict
+    """`dlperf.engine.predict(model, hardware, plan)`; see dlperf.engine.step.predict."""
+    from dlperf.engine.step import predict as _predict
 
     return _predict(model, hardware, plan)

@@ -58,10 +58,11 @@ def _tp_layer(layer: Layer, sharded: bool, sp: bool) -> tuple[bool, bool, tuple[
     return sharded, sharded, ()
 
 
-def tp_uses(model: Model, sp: bool = False) -> list[Use]:
+def tp_uses(nodes: Model | list[Any], sp: bool = False) -> list[Use]:
     """Distinct layers with counts and their tensor-parallel behaviour, in first-seen order."""
     uses: list[Use] = []
-    _walk(model.root, 1, False, sp, uses)
+    for node in ([nodes.root] if isinstance(nodes, Model) else nodes):
+        _walk(node, 1, False, sp, uses)
     merged: dict[tuple, Use] = {}
     for use in uses:
         key = (use.layer, use.sharded, use.comm)

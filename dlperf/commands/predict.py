@@ -1,0 +1,176 @@
+"""`dlperf predict` and `dlperf compare`: one plan's step time and memory, or strategies side by side."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from dlperf.commands.common import format_option, parse_sets, set_option
+from dlperf.report import render, to_json
+
+DTYPE_CHOICES = click.Choice(["fp32", "tf32", "fp16", "bf16", "fp8"])
+
+
+def plan_options(fn: Callable) -> Callable:
+    """Every plan knob as an option (shared by predict, explain and search-like commands)."""
+    options = [
+        click.option("--gpus", "devices", type=int, default=None, help="Number of devices (default: dp*tp*pp or 1)."),
+        click.option("--dp", type=int, default=None, help="Data-parallel degree (default: devices/(tp*pp))."),
+        click.option("--tp", type=int, default=None, help="Tensor (model) parallel degree."),
+        click.option("--pp", type=int, default=None, help="Pipeline-parallel degree (stages)."),
+        click.option("--global-batch", type=int, default=None, help="Samples per step over all replicas."),
+        click.option("--micro-batch", type=int, default=None, help="Samples per micro-batch per replica."),
+        click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
+                     show_default=True, help="Pipeline schedule."),
+        click.option("--virtual-stages", type=int, default=1, show_default=True,
+                     help="Model chunks per device for the interleaved schedule."),
+        click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
+                     help="ZeRO stage (sharded data parallelism; 3 = FSDP)."),
+        click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none",
+                     show_default=True, help="Activation recomputation."),
+        click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1)."),
+        click.option("--no-overlap", is_flag=True, help="Do not overlap the gradient allreduce with backward."),
+        click.option("--compression", default="none", show_default=True,
+                     help="Gradient compression: none, fp16, int8, 1bit, terngrad, qsgd:S, topk:FRACTION."),
+        click.option("--consistency", type=click.Choice(["sync", "ssp", "async"]), default="sync",
+                     show_default=True, help="Synchronous, stale-synchronous or asynchronous SGD."),
+        click.option("--staleness", type=int, default=0, show_default=True, help="SSP staleness bound."),
+        click.option("--parameter-server", type=int, default=0, show_default=True,
+                     help="Use N sharded parameter servers instead of allreduce (0 = allreduce)."),
+        click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam"]), default="adam",
+                     show_default=True, help="Optimizer update rule."),
+        click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str]]:
+    """A Plan from CLI options; degrees left out are filled in (pure data parallelism when it fits)."""
+    from dlperf.plan import Plan
+
+    tp, pp, dp = opts.get("tp"), opts.get("pp"), opts.get("dp")
+    devices = opts.get("devices") or (dp or 1) * (tp or 1) * (pp or 1)
+    notes = []
+    batch = opts.get("global_batch")
+    if batch is None:
+        batch = devices
+        notes.append(f"global batch not given: using {batch} (one sample per device)")
+    base = Plan(
+        devices=devices, dp=dp, tp=tp or 1, pp=pp or 1, global_batch=batch, micro_batch=opts.get("micro_batch"),
+        schedule=opts.get("schedule", "1f1b"), virtual_stages=opts.get("virtual_stages", 1), zero=opts.get("zero", 0),
+        recompute=opts.get("recompute", "none"), sequence_parallel=opts.get("sequence_parallel", False),
+        overlap=False if opts.get("no_overlap") else None, compression=opts.get("compression", "none"),
+        consistency=opts.get("consistency", "sync"), staleness=opts.get("staleness", 0),
+        parameter_server=opts.get("parameter_server", 0), optimizer=opts.get("optimizer", "adam"),
+        dtype=opts.get("dtype"),
+    )
+    if tp is None and pp is None and dp is None and devices > 1:
+        from dlperf.engine.defaults import default_plan
+
+        return default_plan(model, hw, base, notes)
+    return base, notes
+
+
+def _load(model_name: str, hardware: str, sets: tuple[str, ...]) -> tuple[Any, Any]:
+    from dlperf.spec.hardware import load_hardware
+    from dlperf.spec.model import load_model
+
+    return load_model(model_name, parse_sets(sets)), load_hardware(hardware)
+
+
+@click.command("predict")
+@click.argument("model")
+@click.argument("hardware")
+@set_option
+@plan_options
+@click.option("--symbolic", is_flag=True, help="Print the closed form of step time, work W, depth D and W/D.")
+@click.option("--latex", is_flag=True, help="With --symbolic: print the formulas as LaTeX.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a breakdown bar chart.")
+@format_option
+def predict(model: str, hardware: str, sets: tuple[str, ...], symbolic: bool, latex: bool, plot: str | None,
+            fmt: str, **opts: Any) -> None:
+    """Predict step time, throughput, MFU and memory of training MODEL on HARDWARE."""
+    from dlperf.engine import predict as run
+
+    spec, hw = _load(model, hardware, sets)
+    plan, notes = build_plan(spec, hw, opts)
+    if symbolic:
+        from dlperf.engine.symbolic import closed_form_text
+
+        click.echo(closed_form_text(spec, hw, plan, latex))
+        return
+    result = run(spec, hw, plan)
+    result.notes = notes + result.notes
+    if plot:
+        from dlperf.plot import breakdown_chart
+
+        breakdown_chart([result], [spec.name], plot)
+    click.echo(_render_prediction(result, spec, hw, fmt))
+
+
+def _render_prediction(result: Any, spec: Any, hw: Any, fmt: str) -> str:
+    data = result.to_dict()
+    if fmt == "json":
+        return to_json(data)
+    flat = {k: v for k, v in data.items() if not isinstance(v, (dict, list))}
+    flat.update({f"breakdown_s.{k}": v for k, v in data["breakdown_s"].items()})
+    flat.update({f"memory.{k}": v for k, v in data["memory"].items()})
+    flat.update({f"plan.{k}": v for k, v in data["plan"].items()})
+    if fmt == "csv":
+        return render([flat], "csv")
+    return _table(result, spec, hw)
+
+
+def _table(r: Any, spec: Any, hw: Any) -> str:
+    from dlperf.units import format_quantity as q
+
+    p = r.plan
+    lines = [f"{spec.name} on {hw.name}: {p['devices']} x {hw.device.name}, dp={p['dp']} tp={p['tp']} pp={p['pp']}, "
+             f"global batch {p['global_batch']} (micro-batch {p['micro_batch']} x {p['micro_batches']}), "
+             f"{p['dtype']}, {p['optimizer']}, recompute {p['recompute']}, zero {p['zero']}"]
+    lines += [f"note: {n}" for n in r.notes]
+    rows = [{"part": k, "seconds": v, "share": v / r.step_time_s} for k, v in r.breakdown_s.items() if v]
+    lines.append(render(rows, "table"))
+    lines.append(f"step time       {q(r.step_time_s, 'time')}")
+    lines.append(f"throughput      {r.throughput_samples_per_s:,.1f} samples/s")
+    lines.append(f"per device      {r.model_tflops_per_device:.1f} model TFLOP/s "
+                 f"({r.hardware_tflops_per_device:.1f} with recomputation), MFU {100 * r.mfu:.1f}%")
+    mem = r.memory
+    parts = ", ".join(f"{k} {q(v, 'bytes')}" for k, v in mem.items() if k != "total" and v)
+    fits = "fits" if r.fits else f"DOES NOT FIT in {q(hw.device.memory, 'bytes')}"
+    lines.append(f"memory/device   {q(mem['total'], 'bytes')} ({parts}) -> {fits}")
+    if r.staleness:
+        lines.append(f"staleness       {r.staleness} steps")
+    return "\n".join(lines)
+
+
+@click.command("compare")
+@click.argument("model")
+@click.argument("hardware")
+@set_option
+@click.option("--gpus", "devices", type=int, required=True, help="Number of devices.")
+@click.option("--global-batch", type=int, required=True, help="Samples per step.")
+@click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's).")
+@format_option
+def compare(model: str, hardware: str, sets: tuple[str, ...], devices: int, global_batch: int, dtype: str | None,
+            fmt: str) -> None:
+    """Put data, model (tensor), pipeline and the best hybrid plan side by side."""
+    from dlperf.engine.defaults import strategy_plans
+
+    spec, hw = _load(model, hardware, sets)
+    rows = []
+    for name, plan, result, why in strategy_plans(spec, hw, devices, global_batch, dtype):
+        row = {"strategy": name, "dp": plan.data_parallel if plan else None, "tp": plan.tp if plan else None,
+               "pp": plan.pp if plan else None}
+        if result is None:
+            row.update(step_time_s=None, samples_per_s=None, efficiency=None, memory_gib=None, fits=False, note=why)
+        else:
+            row.update(step_time_s=result.step_time_s, samples_per_s=result.throughput_samples_per_s,
+                       efficiency=result.mfu, memory_gib=result.memory_bytes_per_device / 2**30, fits=result.fits,
+                       note=why)
+        rows.append(row)
+    click.echo(render(rows, fmt, title=f"{spec.name} on {devices} x {hw.device.name}, global batch {global_batch}"))

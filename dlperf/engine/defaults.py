@@ -1,0 +1,84 @@
+"""Filling in degrees a user left out, and the four strategies `dlperf compare` puts side by side."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlperf.errors import DlperfError
+from dlperf.plan import Plan
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _try(model: Any, hw: Any, plan: Plan) -> Any:
+    from dlperf.engine import predict
+
+    try:
+        return predict(model, hw, plan)
+    except DlperfError:
+        return None
+
+
+def hybrid_candidates(model: Any, hw: Any, base: Plan) -> list[Plan]:
+    """tp inside a node (powers of two), pp over what is left, recomputation off or full."""
+    node = hw.network[0].size or 1
+    n = base.devices
+    plans = []
+    for tp in (d for d in _divisors(n) if d <= node and d & (d - 1) == 0):
+        for pp in _divisors(n // tp):
+            dp = n // (tp * pp)
+            if base.global_batch % dp:
+                continue
+            micro = 1 if pp > 1 else None
+            for recompute in ("none", "full"):
+                plans.append(base.with_(tp=tp, pp=pp, dp=dp, micro_batch=micro, recompute=recompute))
+    return plans
+
+
+def best_plan(model: Any, hw: Any, base: Plan) -> tuple[Plan | None, Any]:
+    best, best_result = None, None
+    for plan in hybrid_candidates(model, hw, base):
+        result = _try(model, hw, plan)
+        if result is not None and result.fits and (best_result is None or
+                                                   result.step_time_s < best_result.step_time_s):
+            best, best_result = plan, result
+    return best, best_result
+
+
+def default_plan(model: Any, hw: Any, base: Plan, notes: list[str]) -> tuple[Plan, list[str]]:
+    """Pure data parallelism when it fits; otherwise the fastest fitting tp x pp (x dp) plan."""
+    data = base.with_(dp=base.devices, tp=1, pp=1)
+    result = _try(model, hw, data)
+    if result is not None and result.fits:
+        notes.append(f"degrees not given: pure data parallelism dp={base.devices} (the model fits)")
+        return data, notes
+    plan, _ = best_plan(model, hw, base)
+    if plan is None:
+        notes.append("no plan fits in device memory; showing pure data parallelism")
+        return data, notes
+    notes.append(f"degrees not given: data parallelism does not fit; chose dp={plan.data_parallel} tp={plan.tp} "
+                 f"pp={plan.pp} recompute={plan.recompute} (fastest that fits)")
+    return plan, notes
+
+
+def strategy_plans(model: Any, hw: Any, devices: int, global_batch: int, dtype: str | None) -> list[tuple]:
+    """(name, plan, prediction or None, note) for data, model (tensor), pipeline and best hybrid."""
+    base = Plan(devices=devices, global_batch=global_batch, dtype=dtype)
+    candidates = [
+        ("data", base.with_(dp=devices)),
+        ("model (tensor)", base.with_(dp=1, tp=devices)),
+        ("pipeline", base.with_(dp=1, pp=devices, micro_batch=max(1, global_batch // (4 * devices)) or 1)),
+    ]
+    rows = []
+    for name, plan in candidates:
+        try:
+            from dlperf.engine import predict
+
+            rows.append((name, plan, predict(model, hw, plan), ""))
+        except DlperfError as err:
+            rows.append((name, plan, None, str(err)))
+    plan, result = best_plan(model, hw, base)
+    rows.append(("best hybrid", plan, result, "" if plan else "no hybrid plan fits"))
+    return rows

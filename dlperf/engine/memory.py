@@ -1,0 +1,79 @@
+"""Memory per device: model states (after ZeRO sharding), activations of in-flight micro-batches, buffers.
+
+Model states per parameter (Rajbhandari et al. 2020, ZeRO, section 3.1): mixed-precision Adam keeps 2 B weights,
+2 B gradients and 12 B optimizer state (fp32 master weights, momentum, variance) = 16 B; fp32 Adam 4 + 4 + 8.
+ZeRO-1 shards the optimizer state over dp, ZeRO-2 also the gradients, ZeRO-3 also the weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlperf.engine.layers import element_bytes
+from dlperf.engine.stage import StageCost
+from dlperf.plan import Plan
+from dlperf.spec.hardware import Hardware
+from dlperf.spec.model import Model
+
+DDP_BUFFER_BYTES = 2 * 25 * 2**20  # two 25 MB gradient buckets in flight (PyTorch DDP default)
+MIXED = ("fp16", "bf16", "fp8")
+
+
+def optimizer_bytes(optimizer: str, dtype: str) -> int:
+    """Optimizer state per parameter; mixed precision adds a 4-byte fp32 master copy of the weights."""
+    states = {"sgd": 0, "momentum": 4, "adam": 8}[optimizer]
+    return states + (4 if dtype in MIXED else 0)
+
+
+def model_state_bytes(params: Any, plan: Plan, dtype: str) -> dict[str, Any]:
+    weight = element_bytes(dtype)
+    grad = element_bytes(plan.grad_dtype) if plan.grad_dtype else weight
+    dp = plan.data_parallel
+    shard = {k: (dp if plan.zero >= level else 1) for k, level in (("opt", 1), ("grad", 2), ("weight", 3))}
+    return {
+        "weights": params * weight / shard["weight"],
+        "gradients": params * grad / shard["grad"],
+        "optimizer": params * optimizer_bytes(plan.optimizer, dtype) / shard["opt"],
+    }
+
+
+def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], dtype: str,
+               micro_batches_in_flight: float) -> dict[str, Any]:
+    """The largest stage's memory (the first stage holds the most in-flight activations under 1F1B)."""
+    first = stages[0]
+    params = max(s.params for s in stages)
+    states = model_state_bytes(params, plan, dtype)
+    if plan.recompute == "full":
+        # keep each block's input; during backward one block's full activations are rebuilt at a time
+        acts = _block_inputs(model, plan, dtype) * plan.micro / plan.tp * len(stages[0:1]) * micro_batches_in_flight
+        acts += first.saved_bytes / max(_blocks_in_stage(model, plan), 1)
+    else:
+        acts = first.saved_bytes * micro_batches_in_flight
+    buffers = DDP_BUFFER_BYTES if plan.data_parallel > 1 else 0
+    total = sum(states.values()) + acts + buffers
+    return {**states, "activations": acts, "buffers": buffers, "total": total}
+
+
+def _blocks(model: Model) -> list[Any]:
+    from dlperf.spec.model import Seq
+
+    return [item for item in model.root.items if isinstance(item, Seq) and item.repeat > 1]
+
+
+def _blocks_in_stage(model: Model, plan: Plan) -> int:
+    return sum(b.repeat for b in _blocks(model)) // plan.pp or 1
+
+
+def _block_inputs(model: Model, plan: Plan, dtype: str) -> float:
+    """Per sample, the inputs of the repeated blocks held by one stage (Korthikanti 2022: 2sbh per layer)."""
+    from dlperf.ops.base import numel
+    from dlperf.spec.model import out_shape
+
+    e = element_bytes(dtype)
+    total = 0.0
+    shape = model.input_shape
+    for item in model.root.items:
+        if item in _blocks(model):
+            total += e * numel(shape) * item.repeat / plan.pp
+        shape = out_shape(item, shape)
+    return total

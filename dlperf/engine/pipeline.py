@@ -1,0 +1,85 @@
+"""Pipeline parallelism: split the network into stages and price a schedule (GPipe, 1F1B, interleaved 1F1B).
+
+With m micro-batches, pp stages and v virtual stages per device, the idle time is (pp-1)/v stage-times
+(Narayanan et al. 2021, section 2.2), i.e. a bubble fraction (pp-1)/(m+pp-1) for GPipe and 1F1B.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlperf.spec.model import Model, Seq
+
+
+def units(model: Model) -> list[Any]:
+    """Top-level pieces that a stage boundary may fall between; a repeated block yields one unit per copy."""
+    out: list[Any] = []
+    for item in model.root.items:
+        if isinstance(item, Seq) and item.repeat > 1:
+            out += [Seq(item.items, 1, item.name)] * item.repeat
+        else:
+            out.append(item)
+    return out
+
+
+def uniform_partition(model: Model, pp: int) -> list[list[Any]] | None:
+    """Megatron-LM's split: the largest repeated block divided evenly, what comes before it on the first stage,
+    what comes after on the last. None when that block's repeat count is not a multiple of pp."""
+    items = model.root.items
+    repeated = [i for i, item in enumerate(items) if isinstance(item, Seq) and item.repeat > 1]
+    if not repeated:
+        return None
+    index = max(repeated, key=lambda i: items[i].repeat)
+    block = items[index]
+    if block.repeat % pp:
+        return None
+    per_stage = block.repeat // pp
+    stages = [[Seq(block.items, 1, block.name)] * per_stage for _ in range(pp)]
+    stages[0] = list(items[:index]) + stages[0]
+    stages[-1] = stages[-1] + list(items[index + 1:])
+    return stages
+
+
+def balanced_partition(costs: list[float], pp: int) -> list[tuple[int, int]]:
+    """Contiguous split of unit costs into pp ranges minimising the slowest stage (linear partition, DP)."""
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(pp + 1)]
+    cut = [[0] * (n + 1) for _ in range(pp + 1)]
+    best[0][0] = 0.0
+    for k in range(1, pp + 1):
+        for j in range(k, n + 1):
+            for i in range(k - 1, j):
+                value = max(best[k - 1][i], prefix[j] - prefix[i])
+                if value < best[k][j]:
+                    best[k][j], cut[k][j] = value, i
+    ranges, j = [], n
+    for k in range(pp, 0, -1):
+        i = cut[k][j]
+        ranges.append((i, j))
+        j = i
+    return ranges[::-1]
+
+
+def schedule_time(t_fwd: Any, t_bwd: Any, t_p2p: Any, m: int, pp: int, v: int) -> tuple[Any, Any, Any]:
+    """(busy time, bubble, exposed p2p) of one step for the slowest stage.
+
+    Busy: m * (t_f + t_b). Bubble: (pp-1)/v * (t_f + t_b). Point-to-point sends of activations and gradients:
+    two per micro-batch per chunk boundary, v times as many with interleaving (Narayanan et al. 2021, 2.2.2).
+    """
+    busy = m * (t_fwd + t_bwd)
+    bubble = (pp - 1) * (t_fwd + t_bwd) / v
+    p2p = 0.0 if pp == 1 else 2 * (v * m + pp - 1) * t_p2p
+    return busy, bubble, p2p
+
+
+def in_flight(schedule: str, m: int, pp: int, v: int) -> float:
+    """Micro-batches whose activations the first stage holds at once: all m for GPipe, pp for 1F1B, and
+    pp * (1 + (pp-1)/(pp*v)) for interleaved 1F1B (Korthikanti et al. 2022, section 4.2.3)."""
+    if schedule == "gpipe" or pp == 1:
+        return float(m) if pp > 1 else 1.0
+    full = min(m, pp)
+    return full * (1 + (pp - 1) / (pp * v)) if schedule == "interleaved" else float(full)

@@ -1,0 +1,114 @@
+"""Compute and tensor-parallel communication time of a group of layers (a pipeline stage, or the whole model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlperf import mathx
+from dlperf.engine.device import kernel_times
+from dlperf.engine.layers import Use
+from dlperf.ops import OPS
+from dlperf.ops.base import Kernel
+from dlperf.ops.conv import algorithm_kernel, applicable
+from dlperf.spec.hardware import Hardware
+
+ATTENTION_CORE = ("scores", "softmax", "attend", "flash_attention")
+
+
+@dataclass
+class StageCost:
+    """Seconds per micro-batch (forward, backward, recompute, tp comm) and per-device parameters."""
+
+    forward: Any = 0.0
+    backward: Any = 0.0
+    recompute: Any = 0.0
+    tp_comm_fwd: Any = 0.0
+    tp_comm_bwd: Any = 0.0
+    params: Any = 0
+    flops: Any = 0.0               # model FLOPs (forward + backward) per micro-batch on this device
+    saved_bytes: Any = 0.0          # activations kept for backward, per micro-batch
+    block_input_bytes: Any = 0.0    # what full recomputation keeps instead
+    per_type: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total(self) -> Any:
+        return self.forward + self.backward + self.recompute + self.tp_comm_fwd + self.tp_comm_bwd
+
+
+def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any) -> tuple[Kernel, str]:
+    """cuDNN-style `auto`: the applicable algorithm with the least forward+backward time on this device."""
+    layer = use.layer
+    if layer["algorithm"] != "auto":
+        return algorithm_kernel(layer, layer["algorithm"], batch, e), layer["algorithm"]
+    best, best_time, name = None, None, "direct"
+    for algorithm in applicable(layer, dtype):
+        kernel = algorithm_kernel(layer, algorithm, batch, e)
+        total = sum(kernel_times(kernel, hw.device, dtype, divisor))
+        if best is None or isinstance(total, float) and total < best_time:
+            best, best_time, name = kernel, total, algorithm
+    return best, name
+
+
+def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any) -> list[Kernel]:
+    kernels = list(OPS[use.layer.op].kernels(use.layer, batch, e))
+    if use.layer.op == "conv2d":
+        kernels[0] = conv_choice(use, batch, e, hw, dtype, divisor)[0]
+    return kernels
+
+
+def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp: int, sp: bool,
+               recompute: str, comm_time: Any) -> StageCost:
+    """Sum the layers' kernels at micro-batch `batch`; `comm_time(op, nbytes)` prices tp collectives."""
+    out = StageCost()
+    for use in uses:
+        divisor = tp if (use.sharded or sp) else 1
+        for kernel in use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1)):
+            split = divisor if (kernel.split or sp) else 1
+            fwd, bwd = kernel_times(kernel, hw.device, dtype, split)
+            out.forward = out.forward + use.count * fwd
+            out.backward = out.backward + use.count * bwd
+            out.flops = out.flops + use.count * kernel.cost.work / split
+            if _recomputed(recompute, use, kernel):
+                out.recompute = out.recompute + use.count * fwd
+            key = f"{use.layer.op}"
+            out.per_type[key] = out.per_type.get(key, 0.0) + use.count * (fwd + bwd)
+        for phase, op, elements in use.comm:
+            if tp > 1 and not _is_zero(elements):
+                t = use.count * comm_time(op, e * batch * elements)
+                if phase == "fwd":
+                    out.tp_comm_fwd = out.tp_comm_fwd + t
+                else:
+                    out.tp_comm_bwd = out.tp_comm_bwd + t
+                if recompute == "full" and phase == "fwd":
+                    out.recompute = out.recompute + t
+        out.params = out.params + use.count * use.layer.params / (tp if use.sharded else 1)
+        saved = OPS[use.layer.op].saved(use.layer, e) * batch / (tp if (use.sharded or sp) else 1)
+        if recompute == "selective":
+            saved = saved - _quadratic_attention_bytes(use, e) * batch / tp
+        out.saved_bytes = out.saved_bytes + use.count * saved
+    return out
+
+
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, (int, float)) and value == 0
+
+
+def _recomputed(recompute: str, use: Use, kernel: Kernel) -> bool:
+    """Full recomputation reruns every forward kernel; selective (Korthikanti et al. 2022) only the attention
+    core (QK^T, softmax, AV) whose s^2 activations it does not keep."""
+    if recompute == "full":
+        return True
+    return recompute == "selective" and kernel.name in ATTENTION_CORE and not use.layer.get("flash", False)
+
+
+def _quadratic_attention_bytes(use: Use, e: int) -> Any:
+    layer = use.layer
+    if layer.op != "attention" or layer["flash"]:
+        return 0
+    s, skv = layer.in_shape[0], layer["kv_seq"]
+    return (2 * e + 1) * layer["heads"] * s * skv
+
+
+def maximum_over(values: list[Any]) -> Any:
+    return mathx.maximum(*values) if len(values) > 1 else values[0]

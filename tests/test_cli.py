@@ -1,0 +1,75 @@
+"""The command line: every command and option has help, built-ins resolve, output formats parse."""
+
+import json
+import subprocess
+import sys
+
+import click
+import pytest
+
+from dlperf.cli import COMMANDS, LazyGroup, cli
+
+
+def _commands():
+    return [name for name in COMMANDS if LazyGroup._load(name) is not None]
+
+
+@pytest.mark.parametrize("name", _commands())
+def test_every_command_and_option_has_help(name):
+    command = LazyGroup._load(name)
+    assert command.help, f"{name} has no help"
+    for param in command.params:
+        if isinstance(param, click.Option):
+            assert param.help, f"{name} {param.opts} has no help"
+
+
+def test_list_shows_builtins(run):
+    code, out, _ = run("list")
+    assert code == 0
+    for name in ("resnet50", "gpt3-175b", "llama2-70b", "dgx-a100", "p100-roce", "cpu-local"):
+        assert name in out
+
+
+def test_show_json_totals(run):
+    code, out, _ = run("show", "resnet50", "--format", "json")
+    assert code == 0
+    rows = json.loads(out)
+    assert rows[-1]["params"] == 25_557_032
+
+
+def test_show_hardware(run):
+    code, out, _ = run("show", "dgx-a100")
+    assert code == 0 and "312 TFLOP/s" in out
+
+
+def test_predict_json_keys(run):
+    code, out, _ = run("predict", "resnet50", "dgx-a100", "--global-batch", "64", "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    for key in ("step_time_s", "throughput_samples_per_s", "model_tflops_per_device", "mfu", "breakdown_s",
+                "work_flops", "memory_bytes_per_device", "fits", "plan"):
+        assert key in data
+    assert data["throughput_samples_per_s"] == pytest.approx(64 / data["step_time_s"])
+
+
+def test_python_m_and_bad_unit_file(tmp_path):
+    hw = tmp_path / "hw.yaml"
+    hw.write_text("name: x\ndevice: {name: d, peak_flops: {fp32: 1 TFLOP/s}, memory: 1 GiB, "
+                  "memory_bandwidth: 300 GBs}\nnetwork:\n  - {name: n, bandwidth: 1 GB/s, latency: 1 us}\n")
+    proc = subprocess.run([sys.executable, "-m", "dlperf", "show", str(hw)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "hw.yaml:2: device.memory_bandwidth" in proc.stderr and "300 GBs" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_set_must_be_positive_integer(run):
+    code, _, err = run("show", "gpt", "--set", "layers=abc")
+    assert code == 2 and "positive integer" in err
+
+
+def test_help_lists_commands():
+    from click.testing import CliRunner
+
+    out = CliRunner().invoke(cli, ["--help"]).output
+    for name in ("predict", "show", "list"):
+        assert name in out

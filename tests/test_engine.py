@@ -1,0 +1,144 @@
+"""Predictions: invariants of the step-time model, plan validation, and single-device accuracy against
+published measurements (../shared/reference/PUBLISHED_MEASUREMENTS.md)."""
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlperf.engine import predict
+from dlperf.errors import PlanError
+from dlperf.plan import Plan
+from dlperf.spec.hardware import load_hardware
+from dlperf.spec.model import load_model
+
+GPT_SMALL = {"layers": 8, "hidden": 1024, "heads": 16, "seq": 512, "vocab": 32000}
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return load_model("gpt", GPT_SMALL)
+
+
+@pytest.fixture(scope="module")
+def a100():
+    return load_hardware("dgx-a100")
+
+
+def scaled(hw, peak=1.0, mem=1.0, net=1.0):
+    device = replace(hw.device, peak_flops={k: v * peak for k, v in hw.device.peak_flops.items()},
+                     memory_bandwidth=hw.device.memory_bandwidth * mem)
+    network = tuple(replace(level, bandwidth=level.bandwidth * net) for level in hw.network)
+    return replace(hw, device=device, network=network)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.floats(1.0, 4.0), st.floats(1.0, 4.0), st.floats(1.0, 4.0), st.sampled_from([(8, 1, 1), (2, 4, 1), (2, 2, 2)]))
+def test_faster_hardware_never_slower(gpt, a100, peak, mem, net, degrees):
+    dp, tp, pp = degrees
+    plan = Plan(devices=8, dp=dp, tp=tp, pp=pp, global_batch=32, micro_batch=2 if pp > 1 else None)
+    base = predict(gpt, a100, plan).step_time_s
+    faster = predict(gpt, scaled(a100, peak, mem, net), plan).step_time_s
+    assert faster <= base * (1 + 1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 64), st.integers(1, 64))
+def test_larger_batch_never_lowers_work(gpt, a100, b1, b2):
+    small, large = sorted((b1, b2))
+    w_small = predict(gpt, a100, Plan(global_batch=small)).work_flops
+    w_large = predict(gpt, a100, Plan(global_batch=large)).work_flops
+    assert w_large >= w_small
+
+
+def test_one_device_plan_equals_single_device(gpt, a100):
+    single = predict(gpt, a100, Plan(global_batch=8))
+    explicit = predict(gpt, a100, Plan(devices=1, dp=1, tp=1, pp=1, global_batch=8, micro_batch=8))
+    assert explicit.step_time_s == pytest.approx(single.step_time_s, rel=1e-12)
+    assert single.breakdown_s["comm/dp_allreduce"] == 0 and single.breakdown_s["pipeline/bubble"] == 0
+
+
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_gpipe_bubble_fraction(gpt, a100, m):
+    pp = 4
+    r = predict(gpt, a100, Plan(devices=4, pp=pp, global_batch=m, micro_batch=1, schedule="gpipe"))
+    busy = r.breakdown_s["compute/forward"] + r.breakdown_s["compute/backward"] + r.breakdown_s["comm/tp"]
+    bubble = r.breakdown_s["pipeline/bubble"]
+    assert bubble / (busy + bubble) == pytest.approx((pp - 1) / (m + pp - 1), rel=1e-9)
+
+
+def test_zero3_model_states_fall_as_one_over_dp(gpt, a100):
+    def states(dp):
+        mem = predict(gpt, a100, Plan(devices=dp, global_batch=dp * 2, zero=3)).memory
+        return mem["weights"] + mem["gradients"] + mem["optimizer"]
+    assert states(2) / states(8) == pytest.approx(4.0)
+
+
+def test_mixed_precision_adam_is_16_bytes_per_parameter(gpt, a100):
+    mem = predict(gpt, a100, Plan(global_batch=1, dtype="fp16")).memory
+    params = float(gpt.total_params)
+    assert (mem["weights"] + mem["gradients"] + mem["optimizer"]) / params == pytest.approx(16.0)
+
+
+def test_plan_that_cannot_fit_says_so(a100):
+    result = predict(load_model("gpt3-175b"), a100, Plan(global_batch=1))
+    assert not result.fits and result.memory_bytes_per_device > a100.device.memory
+
+
+def test_recompute_trades_time_for_memory(gpt, a100):
+    none = predict(gpt, a100, Plan(global_batch=8))
+    full = predict(gpt, a100, Plan(global_batch=8, recompute="full"))
+    assert full.step_time_s > none.step_time_s
+    assert full.memory["activations"] < none.memory["activations"]
+
+
+def test_more_dp_never_raises_per_device_compute(gpt, a100):
+    two = predict(gpt, a100, Plan(devices=2, global_batch=64))
+    eight = predict(gpt, a100, Plan(devices=8, global_batch=64))
+    assert eight.breakdown_s["compute/forward"] < two.breakdown_s["compute/forward"]
+
+
+@pytest.mark.parametrize("plan,message", [
+    (Plan(devices=8, dp=2, tp=2, pp=1, global_batch=8), r"dp\*tp\*pp must equal"),
+    (Plan(devices=32, tp=32, global_batch=8), "must divide the attention heads"),
+    (Plan(devices=4, global_batch=6), "not divisible by dp"),
+    (Plan(devices=64, pp=64, global_batch=64, micro_batch=1), "exceeds the number of layers"),
+])
+def test_bad_plans(gpt, a100, plan, message):
+    with pytest.raises(PlanError, match=message):
+        predict(gpt, a100, plan)
+
+
+def test_bad_plan_on_cli_exits_2(run):
+    code, _, err = run("predict", "gpt", "dgx-a100", "--gpus", "8", "--dp", "3", "--tp", "2")
+    assert code == 2 and "dp*tp*pp" in err
+
+
+# Single-device throughput, PUBLISHED_MEASUREMENTS.md section 10 (NVIDIA DeepLearningExamples @729963dd,
+# PyTorch/Classification/ConvNets/resnet50v1.5/README.md and PyTorch/LanguageModeling/BERT/README.md).
+# Tolerance 15% (issue 3). Rows the model misses stay visible as strict xfails with the measured error.
+SINGLE_GPU = [
+    ("resnet50", {}, "dgx1-v100", "fp32", 112, 367, None),
+    ("resnet50", {}, "dgx1-v100", "fp16", 256, 1200,
+     "predicts 1431 img/s (+19%): cuDNN tensor-core convolution efficiency on ResNet shapes is below the default "
+     "conv efficiency; needs a measured conv efficiency (calibration on a V100)"),
+    ("resnet50", {}, "dgx-a100", "tf32", 256, 938,
+     "predicts ~1700 img/s (+81%): TF32 convolutions reach far less than 0.8 of the 156 TF/s tensor-core peak"),
+    ("resnet50", {}, "dgx-a100", "fp16", 256, 2470,
+     "predicts ~3300 img/s (+33%): same conv-efficiency term as above"),
+    ("bert-large", {"seq": 128}, "dgx-a100", "fp16", 256, 580,
+     "predicts 757 seq/s (+30%): GEMMs at MAMF efficiency (0.869) are optimistic for BERT's 1024-wide GEMMs, and "
+     "LAMB's update and the MLM gather are not modelled"),
+    ("bert-large", {"seq": 512}, "dgx-a100", "fp16", 32, 210,
+     "predicts 154 seq/s (-27%): the unfused attention writes the s^2 score matrix several times; the measured "
+     "run uses fused attention kernels (set flash: true to model them)"),
+]
+
+
+@pytest.mark.parametrize("model,sets,hardware,dtype,batch,measured,miss", SINGLE_GPU)
+def test_single_gpu_throughput_within_15_percent(request, model, sets, hardware, dtype, batch, measured, miss):
+    if miss:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=miss))
+    result = predict(load_model(model, sets), load_hardware(hardware), Plan(global_batch=batch, dtype=dtype))
+    assert result.throughput_samples_per_s == pytest.approx(measured, rel=0.15)

@@ -1,0 +1,102 @@
+"""Exact FLOP counts per operator (a multiply-add is 2 FLOPs) against hand-derived and published totals."""
+
+import pytest
+
+from dlperf.engine.layers import layer_table
+from dlperf.engine.symbolic import B, model_cost
+from dlperf.ops import OPS
+from dlperf.ops.base import Layer
+from dlperf.ops.conv import algorithm_kernel
+from dlperf.spec.model import load_model
+
+
+def _layer(op, in_shape, **attrs):
+    rule = OPS[op]
+    full = {k: v for k, v in rule.attrs.items()}
+    full.update(attrs)
+    out = rule.shape(in_shape, full)
+    return Layer(op, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in full.items())),
+                 in_shape, out, op, rule.params(in_shape, full))
+
+
+def test_linear_counts():
+    layer = _layer("linear", (10, 64), out=32, bias=False)
+    (k,) = OPS["linear"].kernels(layer, 4, 4)
+    assert k.cost.fwd_flops == 2 * 40 * 64 * 32
+    assert k.cost.bwd_data_flops == k.cost.bwd_weight_flops == 2 * 40 * 64 * 32
+
+
+def test_conv_direct_equals_im2col_and_matches_formula():
+    layer = _layer("conv2d", (64, 56, 56), out=128, kernel=3, padding=1, bias=False)
+    direct = algorithm_kernel(layer, "direct", 8, 2)
+    im2col = algorithm_kernel(layer, "im2col", 8, 2)
+    assert direct.cost.fwd_flops == im2col.cost.fwd_flops == 2 * 8 * 128 * 56 * 56 * 64 * 9
+    assert im2col.cost.fwd_bytes > direct.cost.fwd_bytes  # the im2col buffer is written and read
+
+
+def test_winograd_f23_multiplies_225x_fewer():
+    from dlperf.ops.conv import _geometry, winograd_kernel
+
+    layer = _layer("conv2d", (64, 56, 56), out=64, kernel=3, padding=1, bias=False)
+    g = _geometry(layer)
+    wino = winograd_kernel(g, 1, 4, m=2)
+    alpha = 4
+    tiles = 28 * 28
+    multiplies = 64 * 64 * tiles * alpha**2
+    direct_multiplies = 64 * 56 * 56 * 64 * 9
+    assert direct_multiplies / multiplies == pytest.approx(2.25)
+    assert wino.cost.fwd_flops > 2 * multiplies  # transforms come on top
+
+
+def test_grouped_conv_divides_by_groups():
+    dense = _layer("conv2d", (32, 8, 8), out=32, kernel=3, padding=1, bias=False)
+    depthwise = _layer("conv2d", (32, 8, 8), out=32, kernel=3, padding=1, groups=32, bias=False)
+    kd = OPS["conv2d"].kernels(dense, 1, 4)[0]
+    kw = OPS["conv2d"].kernels(depthwise, 1, 4)[0]
+    assert kd.cost.fwd_flops == 32 * kw.cost.fwd_flops
+    assert depthwise.params == 32 * 9
+
+
+def test_attention_flash_changes_bytes_not_flops():
+    plain = _layer("attention", (128, 256), heads=4, head_dim=64, kv_heads=4, kv_seq=128, out=256)
+    flash = _layer("attention", (128, 256), heads=4, head_dim=64, kv_heads=4, kv_seq=128, out=256, flash=True)
+    def total(layer, field):
+        return sum(getattr(k.cost, field) for k in OPS["attention"].kernels(layer, 2, 2))
+    assert total(plain, "fwd_flops") == total(flash, "fwd_flops")
+    assert total(flash, "fwd_bytes") < total(plain, "fwd_bytes")
+
+
+def test_grouped_query_attention_has_fewer_kv_params():
+    mha = _layer("attention", (16, 512), heads=8, head_dim=64, kv_heads=8, kv_seq=16, out=512, bias=False)
+    gqa = _layer("attention", (16, 512), heads=8, head_dim=64, kv_heads=2, kv_seq=16, out=512, bias=False)
+    assert mha.params - gqa.params == 2 * 512 * 6 * 64
+
+
+def test_resnet50_forward_is_about_4_1_gmacs():
+    # He et al. 2016 Table 1: 3.8e9 FLOPs (multiply-adds) for v1; torchvision v1.5 is 4.1 GMACs
+    _, totals = layer_table(load_model("resnet50"), "fp32")
+    assert totals["forward_flops"] / 2 == pytest.approx(4.1e9, rel=0.03)
+
+
+def test_gpt_flops_per_token_match_palm_formula():
+    # PaLM (Chowdhery et al. 2022) Appendix B: training FLOPs per token = 6N + 12*L*h*s (attention counted fully).
+    L, h, s, V = 24, 2048, 1024, 50257
+    model = load_model("gpt", {"layers": L, "hidden": h, "heads": 16, "seq": s, "vocab": V})
+    cost = model_cost(model, 1, "fp16")
+    n = 12 * L * h * h + V * h  # non-embedding weights plus the (tied) output projection
+    expected = 6 * n + 12 * L * h * s
+    assert cost.work / s == pytest.approx(expected, rel=0.02)
+
+
+def test_depth_at_most_work_and_parallelism_grows_with_batch():
+    model = load_model("resnet50")
+    small, large = model_cost(model, 1, "fp32"), model_cost(model, 64, "fp32")
+    assert small.total_depth <= small.work
+    assert large.work / large.total_depth > small.work / small.total_depth
+    symbolic = model_cost(model, B, "fp32")
+    assert symbolic.work.subs(B, 64) == pytest.approx(large.work)
+
+
+def test_lenet_depth_and_work_are_reported():
+    cost = model_cost(load_model("lenet5"), 1, "fp32")
+    assert 0 < cost.total_depth < cost.work
