@@ -34,7 +34,8 @@ def scaled(hw, peak=1.0, mem=1.0, net=1.0):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.floats(1.0, 4.0), st.floats(1.0, 4.0), st.floats(1.0, 4.0), st.sampled_from([(8, 1, 1), (2, 4, 1), (2, 2, 2)]))
+@given(st.floats(1.0, 4.0), st.floats(1.0, 4.0), st.floats(1.0, 4.0),
+       st.sampled_from([(8, 1, 1), (2, 4, 1), (2, 2, 2)]))
 def test_faster_hardware_never_slower(gpt, a100, peak, mem, net, degrees):
     dp, tp, pp = degrees
     plan = Plan(devices=8, dp=dp, tp=tp, pp=pp, global_batch=32, micro_batch=2 if pp > 1 else None)
