@@ -7,9 +7,17 @@ Cost formulas are written once with these, so the same function gives a closed f
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
-import numpy as np
+
+def _is_array(x: Any) -> bool:
+    """numpy arrays without importing numpy: if one exists here, numpy is already loaded."""
+    return type(x).__module__ == "numpy" and type(x).__name__ == "ndarray"
+
+
+def _np() -> Any:
+    return sys.modules["numpy"]
 
 
 def _is_sympy(*values: Any) -> bool:
@@ -21,8 +29,8 @@ def log2(x: Any) -> Any:
         import sympy
 
         return sympy.log(x, 2)
-    if isinstance(x, np.ndarray):
-        return np.log2(x)
+    if _is_array(x):
+        return _np().log2(x)
     return math.log2(x)
 
 
@@ -31,8 +39,8 @@ def ceil(x: Any) -> Any:
         import sympy
 
         return sympy.ceiling(x)
-    if isinstance(x, np.ndarray):
-        return np.ceil(x)
+    if _is_array(x):
+        return _np().ceil(x)
     return math.ceil(x)
 
 
@@ -41,10 +49,10 @@ def maximum(*xs: Any) -> Any:
         import sympy
 
         return sympy.Max(*xs)
-    if any(isinstance(x, np.ndarray) for x in xs):
+    if any(_is_array(x) for x in xs):
         out = xs[0]
         for x in xs[1:]:
-            out = np.maximum(out, x)
+            out = _np().maximum(out, x)
         return out
     return max(xs)
 
@@ -54,16 +62,16 @@ def minimum(*xs: Any) -> Any:
         import sympy
 
         return sympy.Min(*xs)
-    if any(isinstance(x, np.ndarray) for x in xs):
+    if any(_is_array(x) for x in xs):
         out = xs[0]
         for x in xs[1:]:
-            out = np.minimum(out, x)
+            out = _np().minimum(out, x)
         return out
     return min(xs)
 
 
 def where(cond: Any, a: Any, b: Any) -> Any:
     """cond ? a : b elementwise for arrays, plain branch for scalars."""
-    if isinstance(cond, np.ndarray) or isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.where(cond, a, b)
+    if _is_array(cond) or _is_array(a) or _is_array(b):
+        return _np().where(cond, a, b)
     return a if cond else b
