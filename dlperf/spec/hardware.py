@@ -34,9 +34,10 @@ KERNEL_CLASSES = ("matmul", "conv", "memory")
 # - memory 0.9: STREAM-like copy reaches ~90% of HBM peak on V100/A100 (Jia et al. 2018/2019,
 #   "Dissecting the NVIDIA Volta/Ampere GPU architecture via microbenchmarking").
 # - launch 5 us: CUDA kernel launch overhead is ~3-7 us (same microbenchmark papers).
+# A convolution without its own curve uses the device's matmul curve: cuDNN's default algorithms are implicit
+# GEMMs (Chetlur et al. 2014, "cuDNN", section 3), so the GEMM efficiency is the best sourced stand-in.
 DEFAULT_EFFICIENCY = {
     "matmul": (0.87, 2e9),
-    "conv": (0.80, 2e9),
     "memory": (0.90, 4.0 * 2**20),
 }
 DEFAULT_LAUNCH_LATENCY = 5e-6
@@ -79,6 +80,8 @@ class Device:
     def eff(self, kernel_class: str) -> Efficiency:
         if kernel_class in self.efficiency:
             return self.efficiency[kernel_class]
+        if kernel_class == "conv":
+            return self.eff("matmul")
         peak, half = DEFAULT_EFFICIENCY[kernel_class]
         return Efficiency(peak, half, "dlperf default")
 
