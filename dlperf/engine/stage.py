@@ -13,7 +13,7 @@ from dlperf.ops.base import Kernel
 from dlperf.ops.conv import algorithm_kernel, applicable
 from dlperf.spec.hardware import Hardware
 
-ATTENTION_CORE = ("scores", "softmax", "attend", "flash_attention")
+ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attend", "flash_attention")
 
 
 @dataclass
@@ -107,7 +107,7 @@ def _quadratic_attention_bytes(use: Use, e: int) -> Any:
     if layer.op != "attention" or layer["flash"]:
         return 0
     s, skv = layer.in_shape[0], layer["kv_seq"]
-    return (2 * e + 1) * layer["heads"] * s * skv
+    return (2 * e + 1 if layer["dropout"] else e) * layer["heads"] * s * skv
 
 
 def maximum_over(values: list[Any]) -> Any:

@@ -144,16 +144,24 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
                      depth=core.depth, bwd_depth=core.bwd_depth)
         return (*projections, Kernel("flash_attention", "matmul", fused), out_proj)
     score_bytes = e * scores
-    return (
+    kernels = [
         *projections,
         Kernel("scores", "matmul", qk + Cost(fwd_bytes=qkv_bytes * 2 / 3 + score_bytes,
                                               bwd_bytes=2 * score_bytes + 2 * qkv_bytes)),
-        Kernel("softmax", "memory", softmax + Cost(fwd_bytes=2 * score_bytes + MASK_BYTES * scores,
-                                                   bwd_bytes=3 * score_bytes + MASK_BYTES * scores)),
+        Kernel("softmax", "memory", softmax + Cost(fwd_bytes=2 * score_bytes, bwd_bytes=3 * score_bytes)),
+    ]
+    if layer["dropout"]:
+        # dropout on the attention probabilities as its own pass (Megatron-LM 2021, BERT, GPT-2): reads and
+        # writes the s^2 matrix and a one-byte mask, forward and backward
+        kernels.append(Kernel("attn_dropout", "memory", Cost(
+            fwd_flops=3 * scores, bwd_data_flops=scores, fwd_bytes=2 * score_bytes + MASK_BYTES * scores,
+            bwd_bytes=2 * score_bytes + MASK_BYTES * scores, depth=1, bwd_depth=1)))
+    kernels += [
         Kernel("attend", "matmul", av + Cost(fwd_bytes=score_bytes + qkv_bytes / 3 + e * batch * s * h * hd,
                                               bwd_bytes=2 * score_bytes + qkv_bytes)),
         out_proj,
-    )
+    ]
+    return tuple(kernels)
 
 
 def _attention_params(s: tuple, a: dict) -> Any:
@@ -164,13 +172,14 @@ def _attention_params(s: tuple, a: dict) -> Any:
 
 def _attention_saved(layer: Layer, e: int) -> Any:
     """Korthikanti et al. 2022, section 4.1: input, Q, K, V, softmax output, dropout mask and dropped scores,
-    output-projection input = 10sh + 5*a*s^2 bytes-per-element-2 terms for a standard layer. The fused
+    output-projection input: 11sbh + 5as^2b bytes in 16-bit with attention dropout. The fused
     kernel keeps no s^2 terms (only a per-row log-sum-exp)."""
     s, d, h, kv, hd, skv = _attention_dims(layer)
     linear_terms = e * (s * d + s * h * hd + 2 * skv * kv * hd + s * h * hd)
     if layer["flash"]:
         return linear_terms + 4 * h * s
-    return linear_terms + (2 * e + MASK_BYTES) * h * s * skv
+    dropped = (e + MASK_BYTES) if layer["dropout"] else 0
+    return linear_terms + (e + dropped) * h * s * skv
 
 
 def _attention_check(shape: tuple, a: dict) -> None:
@@ -187,7 +196,7 @@ def _attention_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
 
 ATTENTION = OpRule(
     attrs={"heads": REQUIRED, "head_dim": None, "kv_heads": None, "causal": False, "bias": True,
-           "flash": False, "kv_seq": None, "out": None},
+           "flash": False, "kv_seq": None, "out": None, "dropout": 0.0},
     shape=lambda s, a: (*s[:-1], a["out"]),
     params=_attention_params,
     kernels=_attention_kernels,

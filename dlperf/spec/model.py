@@ -19,7 +19,7 @@ from dlperf.spec.hardware import DTYPES
 from dlperf.spec.yamlio import check_keys, closest, line_of, load_yaml_file
 
 TOP_KEYS = ("name", "description", "source", "input", "dtype", "params", "base", "blocks", "layers")
-FLOAT_ATTRS = ("p", "eps")
+FLOAT_ATTRS = ("p", "eps", "dropout")
 CHOICE_ATTRS = {"algorithm": ("auto", "direct", "im2col", "winograd", "fft")}
 MAX_REPEAT = 10**6
 
