@@ -93,8 +93,9 @@ class NetworkLevel:
     bandwidth: float
     latency: float
     efficiency: float = 1.0
-    # How many independent links (rails) one domain of this level has toward the next level out, used for
-    # contention: several groups crossing the same level share links. None = one per device (full rails).
+    # How many links of this level one domain of the next level in (a node, for the inter-node level) has,
+    # for contention: devices of that domain crossing this level at once share them. None = one per device
+    # (full rails), and `bandwidth` is then per device; with a count, `bandwidth` is per link.
     links_per_domain: int | None = None
 
 
