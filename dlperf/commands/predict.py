@@ -158,7 +158,7 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
 @format_option
 def compare(model: str, hardware: str, sets: tuple[str, ...], devices: int, global_batch: int, dtype: str | None,
             fmt: str) -> None:
-    """Put data, model (tensor), pipeline and the best hybrid plan side by side."""
+    """Put data, model (tensor), pipeline and the best hybrid plan side by side (time, throughput, MFU, memory)."""
     from dlperf.engine.defaults import strategy_plans
 
     spec, hw = _load(model, hardware, sets)
@@ -167,10 +167,10 @@ def compare(model: str, hardware: str, sets: tuple[str, ...], devices: int, glob
         row = {"strategy": name, "dp": plan.data_parallel if plan else None, "tp": plan.tp if plan else None,
                "pp": plan.pp if plan else None}
         if result is None:
-            row.update(step_time_s=None, samples_per_s=None, efficiency=None, memory_gib=None, fits=False, note=why)
+            row.update(step_time_s=None, samples_per_s=None, mfu=None, memory_gib=None, fits=False, note=why)
         else:
             row.update(step_time_s=result.step_time_s, samples_per_s=result.throughput_samples_per_s,
-                       efficiency=result.mfu, memory_gib=result.memory_bytes_per_device / 2**30, fits=result.fits,
+                       mfu=result.mfu, memory_gib=result.memory_bytes_per_device / 2**30, fits=result.fits,
                        note=why)
         rows.append(row)
     click.echo(render(rows, fmt, title=f"{spec.name} on {devices} x {hw.device.name}, global batch {global_batch}"))
