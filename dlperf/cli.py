@@ -60,7 +60,7 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning any dlperf error into one line on stderr and exit code 2."""
     try:
-        cli.main(args=argv, prog_name="dlperf", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="dlperf", standalone_mode=False)
     except DlperfError as err:
         click.echo(f"Error: {err}", err=True)
         sys.exit(2)
@@ -72,3 +72,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(err.exit_code)
     except click.exceptions.Exit as err:
         sys.exit(err.exit_code)
+    # with standalone_mode=False click returns a command's ctx.exit(code) instead of exiting
+    if isinstance(code, int) and code:
+        sys.exit(code)

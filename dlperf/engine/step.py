@@ -31,6 +31,7 @@ class Prediction:
     throughput_samples_per_s: float
     model_tflops_per_device: float
     hardware_tflops_per_device: float
+    matrix_tflops_per_device: float
     mfu: float
     breakdown_s: dict[str, float]
     memory: dict[str, float]
@@ -75,14 +76,14 @@ def predict(model: Model, hw: Hardware, plan: Plan) -> Prediction:
     }
     step = step + optimizer
     memory = mem.per_device(model, hw, plan, stages, dtype, in_flight(plan.schedule, m, plan.pp, v))
-    model_flops = _model_flops(model, plan, e)
-    hardware_flops = model_flops + plan.global_batch * _recompute_flops(model, plan, e)
+    model_flops, hardware_flops, matrix_flops = step_flops(model, plan, e)
     peak = hw.device.peak(dtype) * plan.devices
     return Prediction(
         step_time_s=step,
         throughput_samples_per_s=plan.global_batch / step,
         model_tflops_per_device=model_flops / step / plan.devices / 1e12,
         hardware_tflops_per_device=hardware_flops / step / plan.devices / 1e12,
+        matrix_tflops_per_device=matrix_flops / step / plan.devices / 1e12,
         mfu=model_flops / step / peak,
         breakdown_s=breakdown,
         memory=memory,
@@ -211,25 +212,26 @@ def _consistency(plan: Plan, compute: Any, dp_total: Any, dp_exposed: Any) -> tu
     return max(compute, dp_total), staleness
 
 
-def _recompute_flops(model: Model, plan: Plan, e: int) -> float:
-    """FLOPs of the extra forward pass that recomputation runs, per sample (for hardware TFLOP/s)."""
+def step_flops(model: Model, plan: Plan, e: int) -> tuple[float, float, float]:
+    """FLOPs of one step over the global batch: (model, executed, matrix).
+
+    model: forward + backward, no recomputation (the MFU numerator, PaLM Appendix B convention).
+    executed: model + the forward work that recomputation repeats.
+    matrix: GEMM and convolution FLOPs only, recomputation included: the convention of Megatron-LM's published
+    TF/s (Narayanan et al. 2021, eq. 3 counts only the matrix multiplications).
+    """
     from dlperf.engine.stage import ATTENTION_CORE
     from dlperf.ops import OPS
 
-    if plan.recompute == "none":
-        return 0.0
-    total = 0.0
+    model_total = recompute = matrix = 0.0
     for layer, count in model.counted():
         for kernel in OPS[layer.op].kernels(layer, 1, e):
-            if plan.recompute == "full" or (kernel.name in ATTENTION_CORE and not layer.get("flash")):
-                total += count * kernel.cost.fwd_flops
-    return total
-
-
-def _model_flops(model: Model, plan: Plan, e: int) -> float:
-    """Forward + backward FLOPs of one step over the global batch (no recomputation): the MFU numerator."""
-    from dlperf.ops import OPS
-
-    per_sample = sum(count * sum(k.cost.work for k in OPS[layer.op].kernels(layer, 1, e))
-                     for layer, count in model.counted())
-    return float(per_sample) * plan.global_batch
+            again = plan.recompute == "full" or (
+                plan.recompute == "selective" and kernel.name in ATTENTION_CORE and not layer.get("flash"))
+            extra = kernel.cost.fwd_flops if again else 0.0
+            model_total += count * kernel.cost.work
+            recompute += count * extra
+            if kernel.cls in ("matmul", "conv"):
+                matrix += count * (kernel.cost.work + extra)
+    batch = plan.global_batch
+    return float(model_total) * batch, float(model_total + recompute) * batch, float(matrix) * batch

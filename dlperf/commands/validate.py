@@ -1,0 +1,60 @@
+"""`dlperf validate`: predictions against published measurements, with the signed error of each row and a
+summary per source (see dlperf.validate for the dataset format)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from dlperf.commands.common import format_option
+from dlperf.report import render, to_json
+
+ROW_COLUMNS = ("id", "source", "unit", "measured", "predicted", "error_pct", "evidence", "tags")
+
+
+@click.command("validate")
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--source", "sources", multiple=True, metavar="NAME",
+              help="Only rows from this source (repeatable), e.g. --source narayanan2021-table1.")
+@click.option("--tag", "tags", multiple=True, metavar="TAG",
+              help="Only rows carrying this tag (repeatable; all given tags must match), e.g. --tag llm-hybrid.")
+@format_option
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write a log-log parity plot (predicted vs measured, ±10% and ±25% bands) to this PNG.")
+@click.option("--max-error", type=float, default=None, metavar="PERCENT",
+              help="Exit with status 1 when the overall mean absolute error exceeds PERCENT.")
+def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, ...], fmt: str,
+             plot: str | None, max_error: float | None) -> None:
+    """Compare predictions with published measurements (the built-in dataset, or FILES in the same format).
+
+    For each row: measured and predicted figure and the signed error (predicted - measured) / measured in
+    percent; then the mean, median and maximum absolute error per source and overall. `--format csv` holds
+    the per-row table only; `json` holds both the rows and the summary.
+    """
+    from dlperf.errors import DlperfError
+    from dlperf.validate import evaluate, load_dataset, mean_abs_error, parity_plot, result_rows, select, summary
+
+    rows = load_dataset(files or None)
+    chosen = select(rows, sources, tags)
+    if not chosen:
+        known = ", ".join(dict.fromkeys(r.source for r in rows))
+        raise DlperfError("no rows match the --source/--tag filters", expected=f"a source among {known}",
+                          found=",".join(sources + tags))
+    results = evaluate(chosen, universe=rows)
+    per_row, stats = result_rows(results), summary(results)
+    if fmt == "json":
+        click.echo(to_json({"rows": per_row, "summary": stats}))
+    elif fmt == "csv":
+        click.echo(render(per_row, "csv", ROW_COLUMNS), nl=False)
+    else:
+        click.echo(render(per_row, "table", ROW_COLUMNS, title="Predicted vs measured (error = signed %)"))
+        click.echo()
+        click.echo(render(stats, "table", title="Absolute % error per source"))
+    if plot:
+        parity_plot(results, plot)
+        click.echo(f"parity plot written to {plot}", err=True)
+    if max_error is not None and mean_abs_error(results) > max_error:
+        click.echo(f"mean absolute error {mean_abs_error(results):.1f}% exceeds --max-error {max_error:g}%", err=True)
+        # sys.exit, not click's Exit: with standalone_mode=False click returns Exit's code instead of exiting.
+        sys.exit(1)

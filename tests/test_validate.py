@@ -1,0 +1,288 @@
+"""`dlperf validate`: the sourced dataset, its loader, the error arithmetic, the command, and the accuracy
+the model holds against published measurements (tolerances are fixed; misses are strict xfails)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dlperf.cli import main
+from dlperf.errors import DlperfError
+from dlperf.plan import Plan
+from dlperf.validate import (
+    DATA_DIR,
+    EVIDENCE,
+    UNITS,
+    Result,
+    Row,
+    default_files,
+    evaluate,
+    load_dataset,
+    mean_abs_error,
+    select,
+    summary,
+)
+
+TINY_SET = "{layers: 2, hidden: 64, heads: 4, seq: 128, vocab: 1000}"
+TINY = f"""\
+sources:
+  fixture:
+    citation: "test fixture (not a measurement)"
+rows:
+  - id: one
+    source: fixture
+    where: "n/a"
+    evidence: unverified
+    tags: [single-gpu]
+    model: gpt
+    set: {TINY_SET}
+    hardware: dgx-a100
+    plan: {{devices: 1, global_batch: 8, micro_batch: 8, dtype: fp16}}
+    measured: {{value: 100, unit: samples_per_s}}
+  - id: eight
+    source: fixture
+    where: "n/a"
+    evidence: unverified
+    tags: [dp]
+    model: gpt
+    set: {TINY_SET}
+    hardware: dgx-a100
+    plan: {{devices: 8, dp: 8, global_batch: 64, micro_batch: 8, dtype: fp16}}
+    measured: {{value: 6.0, unit: speedup}}
+    baseline: one
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "data.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ----------------------------------------------------------------------------------------- the dataset
+
+
+def test_builtin_files_ship_inside_the_package():
+    assert DATA_DIR.parent.parent.name == "dlperf"
+    assert {p.name for p in default_files()} >= {"narayanan2021.yaml", "megatron2020.yaml",
+                                                  "deeplearningexamples.yaml"}
+
+
+def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
+    # Read the raw YAML, not the loader, so that this test fails on its own if a row loses its source.
+    for path in default_files():
+        data = yaml.safe_load(path.read_text())
+        sources = data["sources"]
+        for row in data["rows"]:
+            assert row.get("source") in sources, (path.name, row.get("id"))
+            assert str(sources[row["source"]].get("citation", "")).strip(), row["source"]
+            assert str(row.get("where", "")).strip(), row["id"]
+            assert row.get("evidence") in EVIDENCE, row["id"]
+
+
+def test_builtin_dataset_loads_with_unique_ids_and_known_units():
+    rows = load_dataset()
+    assert len(rows) == 70
+    assert len({r.id for r in rows}) == len(rows)
+    assert {r.unit for r in rows} <= set(UNITS)
+    assert all(r.citation for r in rows)
+
+
+def test_builtin_rows_carry_the_published_figures():
+    rows = {r.id: r for r in load_dataset()}
+    # Narayanan 2021 Table 1, 76.1B: t8 p4 d32 on 1024 GPUs, GBS 1792, MBS 2, VP 5 layers -> 60/(4*5) = 3 chunks.
+    big = rows["narayanan2021-t1-76.1B"]
+    assert (big.value, big.unit) == (140.0, "tflops_per_gpu")
+    assert big.plan == Plan(devices=1024, dp=32, tp=8, pp=4, global_batch=1792, micro_batch=2,
+                            schedule="interleaved", virtual_stages=3, recompute="full", dtype="fp16")
+    assert big.sets == {"hidden": 10240, "heads": 80, "layers": 60, "seq": 2048, "vocab": 51200}
+    # BERT seq128 AMP, 4 nodes: GBS 65536 from 32 GPUs x 256 -> 8 accumulation steps.
+    bert = rows["dle-bert-large-seq128-fp16-4node"]
+    assert bert.value == 18119 and bert.plan.micro_batches == 8
+    scaling = rows["megatron2020-dp-a100-8B-scaling"]
+    assert (scaling.value, scaling.baseline) == (0.727, "megatron2020-mp-a100-1B")
+
+
+# ----------------------------------------------------------------------------------------- the loader
+
+BAD = [
+    ("    source: fixture\n", "", "missing required key 'source'"),
+    ("    source: fixture\n", "    source: elsewhere\n", "a name listed under sources"),
+    ("    where: \"n/a\"\n", "    wher: \"n/a\"\n", "did you mean 'where'"),
+    ("micro_batch: 8, dtype", "micro_bach: 8, dtype", "did you mean 'micro_batch'"),
+    ("unit: samples_per_s", "unit: images_per_s", "expected one of iteration_time_s"),
+    ("value: 100,", "value: -3,", "expected a positive number"),
+    ("evidence: unverified\n    tags: [single", "evidence: likely\n    tags: [single", "expected one of verified"),
+    ("    baseline: one\n", "", "a baseline: row id"),
+    ("    baseline: one\n", "    baseline: none-such\n", "the id of a row with an absolute unit"),
+    ("  - id: eight", "  - id: one", "duplicate row id"),
+    ("devices: 8, dp: 8", "devices: 8, dp: 4", "dp*tp*pp must equal the device count"),
+    ('    citation: "test fixture (not a measurement)"\n', '    citation: ""\n', "expected a citation"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "message"), BAD)
+def test_loader_rejects_bad_files_with_one_located_line(tmp_path, old, new, message):
+    assert old in TINY
+    path = write(tmp_path, TINY.replace(old, new, 1))
+    with pytest.raises(DlperfError) as err:
+        load_dataset([path])
+    text = str(err.value)
+    assert message in text
+    assert "\n" not in text
+    assert text.startswith(f"{path}:")
+
+
+def test_loader_rejects_a_file_without_sources(tmp_path):
+    path = write(tmp_path, "rows: []\n")
+    with pytest.raises(DlperfError, match="missing required key 'sources'"):
+        load_dataset([path])
+
+
+# ----------------------------------------------------------------------------------------- arithmetic
+
+
+def fake(value: float, predicted: float, source: str = "s") -> Result:
+    row = Row(id="r", source=source, citation="c", where="w", evidence="verified", tags=(), model="gpt", sets={},
+              hardware="dgx-a100", plan=Plan(), value=value, unit="samples_per_s")
+    return Result(row, predicted)
+
+
+def test_signed_error_and_summary_are_hand_computed():
+    results = [fake(100, 110, "a"), fake(200, 150, "a"), fake(10, 10.5, "b")]
+    assert [r.error_pct for r in results] == pytest.approx([10.0, -25.0, 5.0])
+    a, b, overall = summary(results)
+    assert a == pytest.approx({"source": "a", "count": 2, "mean_abs_error_pct": 17.5, "median_abs_error_pct": 17.5,
+                               "max_abs_error_pct": 25.0, "mean_signed_error_pct": -7.5})
+    assert (b["source"], b["count"], b["max_abs_error_pct"]) == ("b", 1, pytest.approx(5.0))
+    assert overall["source"] == "overall" and overall["count"] == 3
+    assert overall["mean_abs_error_pct"] == pytest.approx(40 / 3)
+    assert overall["median_abs_error_pct"] == pytest.approx(10.0)
+    assert mean_abs_error(results) == pytest.approx(40 / 3)
+
+
+@given(st.lists(st.tuples(st.floats(0.1, 1e6), st.floats(0.1, 1e6)), min_size=1, max_size=20))
+def test_summary_statistics_are_ordered(pairs):
+    stats = summary([fake(m, p) for m, p in pairs])[-1]
+    assert stats["count"] == len(pairs)
+    assert stats["median_abs_error_pct"] <= stats["max_abs_error_pct"] + 1e-9
+    assert stats["mean_abs_error_pct"] <= stats["max_abs_error_pct"] + 1e-9
+    assert abs(stats["mean_signed_error_pct"]) <= stats["mean_abs_error_pct"] + 1e-9
+
+
+def test_ratio_rows_compare_the_ratio_of_two_predictions(tmp_path):
+    from dlperf.engine import predict
+    from dlperf.spec.hardware import load_hardware
+    from dlperf.spec.model import load_model
+
+    rows = load_dataset([write(tmp_path, TINY)])
+    one, eight = evaluate(rows)
+    model = load_model("gpt", {"layers": 2, "hidden": 64, "heads": 4, "seq": 128, "vocab": 1000})
+    hw = load_hardware("dgx-a100")
+    base = predict(model, hw, Plan(devices=1, global_batch=8, micro_batch=8, dtype="fp16"))
+    dp8 = predict(model, hw, Plan(devices=8, dp=8, global_batch=64, micro_batch=8, dtype="fp16"))
+    assert one.predicted == pytest.approx(base.throughput_samples_per_s)
+    assert eight.predicted == pytest.approx(dp8.throughput_samples_per_s / base.throughput_samples_per_s)
+    assert eight.error_pct == pytest.approx((eight.predicted - 6.0) / 6.0 * 100)
+
+
+def test_select_filters_by_source_and_every_tag():
+    rows = load_dataset()
+    assert {r.source for r in select(rows, ["dle-resnet50"])} == {"dle-resnet50"}
+    single = select(rows, tags=["cnn-dp", "single-gpu"])
+    assert len(single) == 4 and all(r.plan.devices == 1 for r in single)
+
+
+# ----------------------------------------------------------------------------------------- the command
+
+
+def test_command_json_report_for_a_user_file(tmp_path, capsys):
+    path = write(tmp_path, TINY)
+    main(["validate", str(path), "--format", "json"])
+    out = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in out["rows"]] == ["one", "eight"]
+    assert [s["source"] for s in out["summary"]] == ["fixture", "overall"]
+    errors = [abs(r["error_pct"]) for r in out["rows"]]
+    assert out["summary"][-1]["mean_abs_error_pct"] == pytest.approx(statistics.fmean(errors))
+
+
+def test_command_max_error_sets_the_exit_status(tmp_path, capsys):
+    path = write(tmp_path, TINY)
+    main(["validate", str(path), "--max-error", "1e9"])  # returns normally: exit status 0
+    assert "Absolute % error per source" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", str(path), "--max-error", "0"])
+    assert exit_info.value.code == 1
+
+
+def test_command_filters_csv_and_plot(tmp_path, capsys):
+    plot = tmp_path / "parity.png"
+    main(["validate", "--source", "megatron-readme-gpt3", "--format", "csv", "--plot", str(plot)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "id,source,unit,measured,predicted,error_pct,evidence,tags"
+    assert [line.split(",")[0] for line in lines[1:]] == ["megatron-readme-gpt3-175b-iter",
+                                                         "megatron-readme-gpt3-175b-tflops"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ratio_rows_keep_their_baseline_when_a_filter_drops_it(capsys):
+    main(["validate", "--tag", "scaling", "--format", "json"])
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["rows"]) == 10 and {r["unit"] for r in out["rows"]} == {"scaling_efficiency"}
+    assert all(0 < r["predicted"] <= 1.0 for r in out["rows"])
+
+
+def test_command_bad_file_and_empty_filter_exit_2_with_one_line(tmp_path, capsys):
+    path = write(tmp_path, TINY.replace("    source: fixture\n", "", 1))
+    for argv in (["validate", str(path)], ["validate", "--tag", "no-such-tag"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("Error: ") and err.count("\n") == 1
+
+
+# ----------------------------------------------------------------------------------------- accuracy
+# Fixed tolerances (issue 8). A miss is a strict xfail whose reason states the measured error and the term
+# of the model that is wrong, so that CI stays green and the miss stays visible.
+
+
+@pytest.fixture(scope="module")
+def results() -> list[Result]:
+    return evaluate(load_dataset())
+
+
+def mae(results: list[Result], *tags: str) -> float:
+    chosen = [r for r in results if any(t in r.row.tags for t in tags)]
+    assert chosen, tags
+    return mean_abs_error(chosen)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "LLM hybrid-parallel MAE 15.7% on 2026-11-30 (Narayanan Table 1 +16..+30% on TF/s, Megatron 2020 A100 iteration "
+    "times -22..-29%; V100 rows within 11%): the A100 matmul efficiency (0.869, a 2024 BF16 MAMF) is too high for "
+    "the 2020-21 Megatron stack, which reached 44-52% of peak end to end"))
+def test_llm_hybrid_rows_within_10_percent(results):
+    assert mae(results, "llm-hybrid") <= 10.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "CNN/BERT data-parallel MAE 30.0% on 2026-11-30 (ResNet-50 +40%: A100 +35..+90%, V100 +3..+30%; BERT seq128 "
+    "+19..+37%, seq512 -11..-32%): A100 conv/matmul efficiency too high (ResNet-50 TF32 runs at ~7% of peak), and "
+    "cost grows too fast with sequence length (attention score/softmax traffic vs DLE's fused kernels)"))
+def test_cnn_and_bert_data_parallel_rows_within_15_percent(results):
+    assert mae(results, "cnn-dp", "bert-dp") <= 15.0
+
+
+def test_pipeline_speedup_rows_within_15_percent(results):
+    chosen = [r for r in results if "pipeline-speedup" in r.row.tags]
+    if not chosen:
+        pytest.skip("no pipeline speedup rows: torchgpipe ran on Tesla P40s and GPipe Table 2 on TPUv3, and the "
+                    "hardware zoo has neither; GPipe Table 3 (P100) does not state its batch size")
+    assert mean_abs_error(chosen) <= 15.0
