@@ -3,7 +3,8 @@
 import pytest
 
 from dlperf.engine.layers import layer_table
-from dlperf.engine.symbolic import B, model_cost
+from dlperf.engine.symbolic import B
+from dlperf.engine.work import model_cost
 from dlperf.ops import OPS
 from dlperf.ops.base import Layer
 from dlperf.ops.conv import algorithm_kernel

@@ -88,6 +88,11 @@ BAD = [
     (GOOD + "  - {op: conv2d, out: 4, kernel: 3}\n", "rank-3 input", 19),
     (GOOD.replace("name: tiny", "name: tiny\nbogus: 1"), "unknown key 'bogus'", 2),
     ("name: [unclosed\n", "YAML syntax error", 2),
+    (GOOD.replace("{op: conv2d, out: width, kernel: 3, padding: 1}", "{op: conv2d, kernel: 3, padding: 1}"),
+     "conv2d needs 'out'", 14),
+    (GOOD.replace("kernel: 3, padding: 1, bias: false}", "kernel: 3, padding: 1, bias: 3}"), "expected true or false",
+     10),
+    (GOOD.replace("input: [3, 32, 32]\n", ""), "missing required key 'input'", 1),
 ]
 
 

@@ -135,6 +135,8 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
     lines += [f"note: {n}" for n in r.notes]
     rows = [{"part": k, "seconds": v, "share": v / r.step_time_s} for k, v in r.breakdown_s.items() if v]
     lines.append(render(rows, "table"))
+    by_type = sorted(r.per_type_s.items(), key=lambda kv: -kv[1])[:6]
+    lines.append("by layer type   " + ", ".join(f"{k} {q(v, 'time')}" for k, v in by_type))
     lines.append(f"step time       {q(r.step_time_s, 'time')}")
     lines.append(f"throughput      {r.throughput_samples_per_s:,.1f} samples/s")
     lines.append(f"per device      {r.model_tflops_per_device:.1f} model TFLOP/s "

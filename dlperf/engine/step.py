@@ -14,6 +14,7 @@ from dlperf.engine import memory as mem
 from dlperf.engine.layers import element_bytes, tp_uses
 from dlperf.engine.pipeline import balanced_partition, in_flight, schedule_time, uniform_partition, units
 from dlperf.engine.stage import StageCost, stage_cost
+from dlperf.engine.work import model_cost
 from dlperf.ops.base import numel
 from dlperf.plan import Plan, validate
 from dlperf.spec.hardware import Hardware
@@ -38,6 +39,7 @@ class Prediction:
     memory_bytes_per_device: float
     fits: bool
     work_flops: float
+    depth: float
     plan: dict[str, Any]
     staleness: int = 0
     notes: list[str] = field(default_factory=list)
@@ -90,6 +92,7 @@ def predict(model: Model, hw: Hardware, plan: Plan) -> Prediction:
         memory_bytes_per_device=memory["total"],
         fits=memory["total"] <= hw.device.memory,
         work_flops=model_flops + _optimizer_flops(model, plan),
+        depth=float(model_cost(model, plan.micro, dtype).total_depth),
         plan=plan.to_dict() | {"dtype": dtype},
         staleness=staleness,
         per_type_s={k: m * v_ for k, v_ in slow.per_type.items()},

@@ -11,39 +11,14 @@ from typing import Any
 
 import sympy
 
-from dlperf.cost import Cost
 from dlperf.engine.device import startup_time
 from dlperf.engine.layers import Use, element_bytes
 from dlperf.engine.stage import use_kernels
-from dlperf.ops import OPS
+from dlperf.engine.work import model_cost
 from dlperf.spec.hardware import Hardware
-from dlperf.spec.model import Branches, Model, Seq
+from dlperf.spec.model import Model
 
 B, F, F32, M, LAM = sympy.symbols("B F F32 M lam", positive=True)
-
-
-def model_cost(model: Model, batch: Any, dtype: str) -> Cost:
-    """Work and depth of forward + backward over the layer tree: sequences add, branches run in parallel."""
-    e = element_bytes(dtype)
-
-    def cost(node: Any) -> Cost:
-        if isinstance(node, Seq):
-            total = Cost()
-            for item in node.items:
-                total = total + cost(item)
-            return total.scale(node.repeat) if node.repeat > 1 else total
-        if isinstance(node, Branches):
-            paths = [cost(p) for p in node.paths]
-            merged = paths[0]
-            for other in paths[1:]:
-                merged = merged.par(other)
-            return merged + cost(node.merge)
-        total = Cost()
-        for kernel in OPS[node.op].kernels(node, batch, e):
-            total = total + kernel.cost
-        return total
-
-    return cost(model.root)
 
 
 def step_time_expr(model: Model, hw: Hardware, dtype: str) -> Any:
