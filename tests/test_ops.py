@@ -101,3 +101,14 @@ def test_depth_at_most_work_and_parallelism_grows_with_batch():
 def test_lenet_depth_and_work_are_reported():
     cost = model_cost(load_model("lenet5"), 1, "fp32")
     assert 0 < cost.total_depth < cost.work
+
+
+def test_show_survey_columns_match_table_4():
+    from dlperf.engine.layers import layer_table
+
+    rows, _ = layer_table(load_model("lenet5"), "fp32", survey=True)
+    c1 = rows[0]
+    # Table 4/6 direct convolution: W = N*C_out*H'*W'*C_in*Ky*Kx (multiply-adds), D = log C_in + log Ky + log Kx
+    assert c1["survey_work"] == 6 * 28 * 28 * 1 * 5 * 5
+    assert c1["survey_depth"] == 0 + 3 + 3
+    assert c1["forward_flops"] == 2 * c1["survey_work"] + 6 * 28 * 28  # exact count adds the bias

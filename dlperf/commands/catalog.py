@@ -30,8 +30,10 @@ def list_cmd(fmt: str) -> None:
 @set_option
 @click.option("--dtype", type=click.Choice(["fp32", "tf32", "fp16", "bf16", "fp8"]), default=None,
               help="Storage dtype for activation bytes (default: the model's).")
+@click.option("--survey", is_flag=True,
+              help="Add the survey's asymptotic work and depth per layer (Tables 4 and 6) beside exact FLOPs.")
 @format_option
-def show(name: str, sets: tuple[str, ...], dtype: str | None, fmt: str) -> None:
+def show(name: str, sets: tuple[str, ...], dtype: str | None, survey: bool, fmt: str) -> None:
     """Show a model (per-layer table with totals) or a hardware spec, by built-in name or YAML path."""
     from dlperf.spec.hardware import load_hardware
 
@@ -42,7 +44,7 @@ def show(name: str, sets: tuple[str, ...], dtype: str | None, fmt: str) -> None:
     from dlperf.spec.model import load_model
 
     model = load_model(name, parse_sets(sets))
-    rows, totals = layer_table(model, dtype or model.dtype)
+    rows, totals = layer_table(model, dtype or model.dtype, survey)
     if fmt == "table":
         for row in rows:
             row["output"] = shape_text(row["output"])

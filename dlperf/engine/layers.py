@@ -101,9 +101,10 @@ def element_bytes(dtype: str) -> int:
     return BYTES_PER_ELEMENT[dtype]
 
 
-def layer_table(model: Model, dtype: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def layer_table(model: Model, dtype: str, survey: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows for `dlperf show`: every layer in order with output shape, params, activation bytes, forward FLOPs
-    (per sample, per occurrence), and a totals row that multiplies by the repeat counts."""
+    (per sample, per occurrence), and a totals row that multiplies by the repeat counts. With `survey`, the
+    survey's asymptotic forward work and depth (Ben-Nun & Hoefler Tables 4 and 6, per sample) side by side."""
     e = element_bytes(dtype)
     rows, total = [], {"params": 0, "act": 0, "flops": 0}
     for layer, count in model.layers():
@@ -111,6 +112,10 @@ def layer_table(model: Model, dtype: str) -> tuple[list[dict[str, Any]], dict[st
         act = e * numel(layer.out_shape)
         rows.append({"name": layer.name, "op": layer.op, "output": layer.out_shape, "count": count,
                      "params": layer.params, "activation_bytes": act, "forward_flops": flops})
+        if survey:
+            rule = OPS[layer.op].asymptotic
+            work, depth = rule(layer, 1) if rule else (None, None)
+            rows[-1].update(survey_work=work, survey_depth=depth)
         total["params"] += layer.params * count
         total["act"] += act * count
         total["flops"] += flops * count

@@ -27,6 +27,7 @@ def _activation(op: str) -> OpRule:
         attrs={},
         shape=lambda s, a: s,
         kernels=lambda layer, b, e: (elementwise_kernel(op, _n(layer, b), e, fwd, bwd),),
+        asymptotic=lambda layer, b: (_n(layer, b), 1),  # Table 4: O(NCHW), O(1)
     )
 
 
@@ -62,6 +63,7 @@ BATCHNORM = OpRule(
     shape=lambda s, a: s,
     params=lambda s, a: 2 * s[0],
     kernels=_batchnorm_kernels,
+    asymptotic=lambda layer, b: (_n(layer, b), clog2(b)),  # Table 4 as printed: O(NCHW), O(log N)
 )
 
 
