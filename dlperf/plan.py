@@ -8,7 +8,7 @@ from typing import Any
 from dlperf.errors import PlanError
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "except_last")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 CONSISTENCY = ("sync", "ssp", "async")
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")

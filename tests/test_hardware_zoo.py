@@ -19,7 +19,7 @@ from dlperf.errors import SpecError, UnitError
 from dlperf.spec.hardware import load_hardware
 from dlperf.spec.yamlio import load_yaml_file
 
-EXPECTED = {"dgx1-v100", "dgx2-v100", "dgx-a100", "dgx-h100", "hgx-h200", "p100-roce", "cpu-local"}
+EXPECTED = {"dgx1-v100", "dgx2-v100", "dgx-a100", "dgx-h100", "hgx-h200", "p100-roce", "p40-pcie", "cpu-local"}
 GiB = 2.0**30
 
 

@@ -28,8 +28,11 @@ def plan_options(fn: Callable) -> Callable:
                      help="Model chunks per device for the interleaved schedule."),
         click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
                      help="ZeRO stage (sharded data parallelism; 3 = FSDP)."),
-        click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none",
-                     show_default=True, help="Activation recomputation."),
+        click.option("--recompute", type=click.Choice(["none", "selective", "full", "except_last"]),
+                     default="none",
+                     show_default=True,
+                     help="Activation recomputation (except_last: full for every micro-batch but the last, "
+                          "torchgpipe's default)."),
         click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1)."),
         click.option("--no-overlap", is_flag=True, help="Do not overlap the gradient allreduce with backward."),
         click.option("--compression", default="none", show_default=True,

@@ -21,8 +21,10 @@ def _is_zero(value: Any) -> bool:
 
 
 def startup_time(eff: Efficiency, top_rate: float) -> float:
-    """Hockney's t0 = n_1/2 / r_inf. The hardware file gives n_1/2 at the device's top rate (its fastest dtype);
-    the startup time is a property of the kernel, so a slower dtype keeps t0 and its n_1/2 shrinks."""
+    """Hockney's t0 = n_1/2 / r_inf: given directly (`startup`), or from n_1/2 at the device's top rate (its
+    fastest dtype); the startup time is a property of the kernel, so a slower dtype keeps t0."""
+    if eff.startup is not None:
+        return eff.startup
     return eff.half / (top_rate * eff.peak)
 
 

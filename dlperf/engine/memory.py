@@ -43,7 +43,7 @@ def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], 
     first = stages[0]
     params = max(s.params for s in stages)
     states = model_state_bytes(params, plan, dtype)
-    if plan.recompute == "full":
+    if plan.recompute in ("full", "except_last"):
         # keep each block's input; during backward one block's full activations are rebuilt at a time
         acts = _block_inputs(model, plan, dtype) * plan.micro / plan.tp * len(stages[0:1]) * micro_batches_in_flight
         acts += first.saved_bytes / max(_blocks_in_stage(model, plan), 1)

@@ -12,11 +12,17 @@ from dlperf.spec.model import Model, Seq
 
 
 def units(model: Model) -> list[Any]:
-    """Top-level pieces that a stage boundary may fall between; a repeated block yields one unit per copy."""
+    """Pieces that a stage boundary may fall between: layers and branch groups (a residual block stays whole),
+    with sequences opened up at any depth and a repeated block yielding one unit per copy, so that a ResNet
+    stage of 23 bottlenecks can be cut between any two of them (as torchgpipe's balance does)."""
+    return _open(model.root.items)
+
+
+def _open(items: tuple[Any, ...] | list[Any]) -> list[Any]:
     out: list[Any] = []
-    for item in model.root.items:
-        if isinstance(item, Seq) and item.repeat > 1:
-            out += [Seq(item.items, 1, item.name)] * item.repeat
+    for item in items:
+        if isinstance(item, Seq):
+            out += _open(item.items) * item.repeat
         else:
             out.append(item)
     return out

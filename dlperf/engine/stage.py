@@ -13,6 +13,7 @@ from dlperf.ops.base import Kernel
 from dlperf.ops.conv import algorithm_kernel, applicable
 from dlperf.spec.hardware import Hardware
 
+FULL = ("full", "except_last")  # rerun every forward kernel (except_last: not for the last micro-batch)
 ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attend", "flash_attention")
 
 
@@ -80,7 +81,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
                     out.tp_comm_fwd = out.tp_comm_fwd + t
                 else:
                     out.tp_comm_bwd = out.tp_comm_bwd + t
-                if recompute == "full" and phase == "fwd":
+                if recompute in FULL and phase == "fwd":
                     out.recompute = out.recompute + t
         out.params = out.params + use.count * use.layer.params / (tp if use.sharded else 1)
         saved = OPS[use.layer.op].saved(use.layer, e) * batch / (tp if (use.sharded or sp) else 1)
@@ -97,7 +98,7 @@ def _is_zero(value: Any) -> bool:
 def _recomputed(recompute: str, use: Use, kernel: Kernel) -> bool:
     """Full recomputation reruns every forward kernel; selective (Korthikanti et al. 2022) only the attention
     core (QK^T, softmax, AV) whose s^2 activations it does not keep."""
-    if recompute == "full":
+    if recompute in FULL:
         return True
     return recompute == "selective" and kernel.name in ATTENTION_CORE and not use.layer.get("flash", False)
 

@@ -18,7 +18,7 @@ from dlperf.engine.work import model_cost
 from dlperf.ops.base import numel
 from dlperf.plan import Plan, validate
 from dlperf.spec.hardware import Hardware
-from dlperf.spec.model import Model
+from dlperf.spec.model import Model, out_shape
 
 DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP default bucket_cap_mb=25 (Li et al., VLDB 2020)
 # Optimizer update per parameter, memory-bound: bytes read + written and FLOPs (fp32 states).
@@ -49,54 +49,155 @@ class Prediction:
         return asdict(self)
 
 
+@dataclass
+class Timeline:
+    """Step time, its breakdown and memory of one plan (what search ranks by; predict adds FLOP rates)."""
+
+    plan: Plan
+    step_time_s: float
+    breakdown_s: dict[str, float]
+    memory: dict[str, float]
+    slow: StageCost
+    dtype: str
+    staleness: int
+
+    @property
+    def memory_bytes_per_device(self) -> float:
+        return self.memory["total"]
+
+    def throughput(self) -> float:
+        return self.plan.global_batch / self.step_time_s
+
+
+class StepModel:
+    """One model on one cluster, priced plan after plan.
+
+    The expensive part of a prediction, the stage costs (every layer's kernels), depends only on (tp, pp,
+    sequence parallelism, recomputation, micro-batch, dtype); it is memoised, so a search over many plans
+    prices each distinct structure once and combines the cheap knobs (micro-batch count, schedule, virtual
+    stages, ZeRO, dp communication) per plan. `predict` is this with a fresh cache.
+    """
+
+    def __init__(self, model: Model, hw: Hardware) -> None:
+        self.model, self.hw = model, hw
+        self.heads = _heads(model)
+        self.layers = len(units(model))
+        self.comm = _comm(hw)
+        self._stages: dict[tuple, tuple[list[StageCost], StageCost, Any, Any]] = {}
+        self._cost: dict[tuple, StageCost] = {}
+        self._uses: dict[tuple, list] = {}
+        self._splits: dict[tuple, list] = {}
+        self._p2p: dict[tuple, Any] = {}
+        self._dp: dict[tuple, tuple[Any, Any]] = {}
+
+    def stages(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
+        """(every stage's cost, the slowest stage, the most parameters on one device, the largest activation
+        crossing a stage boundary per sample)."""
+        key = (plan.tp, plan.pp, plan.sequence_parallel, plan.recompute, plan.micro, dtype)
+        if key not in self._stages:
+            nodes = self._partition(plan, dtype, e)
+            stages = [self._cost_of(n, plan, dtype, e) for n in nodes]
+            boundary = max((numel(out_shape(n[-1], self.model.input_shape)) for n in nodes[:-1]), default=0)
+            self._stages[key] = (stages, max(stages, key=lambda s: s.total), max(s.params for s in stages), boundary)
+        return self._stages[key]
+
+    def _cost_of(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
+        key = (tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype)
+        if key not in self._cost:
+            uses_key = (tuple(nodes), plan.sequence_parallel)
+            if uses_key not in self._uses:
+                self._uses[uses_key] = tp_uses(nodes, plan.sequence_parallel)
+            self._cost[key] = stage_cost(self._uses[uses_key], plan.micro, e, self.hw, dtype, plan.tp,
+                                         plan.sequence_parallel, plan.recompute, _tp_comm_fn(self.comm, self.hw, plan))
+        return self._cost[key]
+
+    def _partition(self, plan: Plan, dtype: str, e: int) -> list[list[Any]]:
+        """Megatron's uniform split over the repeated block where it applies, else balanced by time."""
+        if plan.pp == 1:
+            return [list(self.model.root.items)]
+        stages = uniform_partition(self.model, plan.pp)
+        if stages is not None:
+            return stages
+        pieces = units(self.model)
+        unit_costs = tuple(float(self._cost_of([u], plan, dtype, e).total) for u in pieces)
+        if (unit_costs, plan.pp) not in self._splits:
+            self._splits[(unit_costs, plan.pp)] = balanced_partition(list(unit_costs), plan.pp)
+        return [pieces[i:j] for i, j in self._splits[(unit_costs, plan.pp)]]
+
+    def timeline(self, plan: Plan) -> Timeline:
+        validate(plan, heads=self.heads, layers=self.layers)
+        dtype = plan.dtype or self.model.dtype
+        e = element_bytes(dtype)
+        stages, slow, params, boundary = self.stages(plan, dtype, e)
+        m, v = plan.micro_batches, plan.virtual_stages
+        t_fwd = slow.forward + slow.tp_comm_fwd
+        recompute = slow.recompute * recompute_share(plan)
+        t_bwd = slow.backward + slow.tp_comm_bwd + recompute
+        busy, bubble, p2p = schedule_time(t_fwd, t_bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v)
+        dp_total, dp_exposed = self._dp_time(plan, slow, dtype)
+        optimizer = _optimizer_time(self.hw, plan, params)
+        compute = busy + bubble + p2p
+        step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
+        breakdown = {
+            "compute/forward": m * slow.forward,
+            "compute/backward": m * slow.backward,
+            "compute/recompute": m * recompute,
+            "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd),
+            "comm/pp_p2p": p2p,
+            "pipeline/bubble": bubble,
+            "comm/dp_allreduce": step - compute if plan.consistency != "sync" else dp_exposed,
+            "optimizer": optimizer,
+        }
+        memory = mem.per_device(self.model, self.hw, plan, stages, dtype, in_flight(plan.schedule, m, plan.pp, v))
+        return Timeline(plan, step + optimizer, breakdown, memory, slow, dtype, staleness)
+
+    def _p2p_time(self, plan: Plan, e: int, boundary: Any) -> Any:
+        key = (plan.tp, plan.pp, plan.data_parallel, plan.micro, e, boundary)
+        if key not in self._p2p:
+            self._p2p[key] = _p2p_time(boundary, self.hw, plan, e, self.comm)
+        return self._p2p[key]
+
+    def _dp_time(self, plan: Plan, slow: StageCost, dtype: str) -> tuple[Any, Any]:
+        key = (id(slow), plan.micro_batches, plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
+               plan.parameter_server, plan.compression, plan.grad_dtype, dtype)
+        if key not in self._dp:
+            self._dp[key] = _dp_comm(self.hw, plan, slow, dtype, self.comm)
+        return self._dp[key]
+
+    def predict(self, plan: Plan) -> Prediction:
+        t = self.timeline(plan)
+        model_flops, hardware_flops, matrix_flops = step_flops(self.model, plan, element_bytes(t.dtype))
+        per_device = t.step_time_s * plan.devices * 1e12
+        return Prediction(
+            step_time_s=t.step_time_s,
+            throughput_samples_per_s=t.throughput(),
+            model_tflops_per_device=model_flops / per_device,
+            hardware_tflops_per_device=hardware_flops / per_device,
+            matrix_tflops_per_device=matrix_flops / per_device,
+            mfu=model_flops / t.step_time_s / (self.hw.device.peak(t.dtype) * plan.devices),
+            breakdown_s=t.breakdown_s,
+            memory=t.memory,
+            memory_bytes_per_device=t.memory["total"],
+            fits=t.memory["total"] <= self.hw.device.memory,
+            work_flops=model_flops + _optimizer_flops(self.model, plan),
+            depth=float(model_cost(self.model, plan.micro, t.dtype).total_depth),
+            plan=plan.to_dict() | {"dtype": t.dtype},
+            staleness=t.staleness,
+            per_type_s={k: plan.micro_batches * x for k, x in t.slow.per_type.items()},
+        )
+
+
+def recompute_share(plan: Plan) -> float:
+    """Fraction of micro-batches whose forward pass is rerun: all, or all but the last for torchgpipe's
+    checkpoint='except_last' (Kim et al. 2020, torchgpipe, section 3.2.2)."""
+    if plan.recompute == "except_last":
+        return (plan.micro_batches - 1) / plan.micro_batches
+    return 1.0
+
+
 def predict(model: Model, hw: Hardware, plan: Plan) -> Prediction:
     """Predict one training step of `model` on `hw` under `plan` (see dlperf.plan.Plan)."""
-    validate(plan, heads=_heads(model), layers=len(units(model)))
-    dtype = plan.dtype or model.dtype
-    e = element_bytes(dtype)
-    comm = _comm(hw)
-    tp_time = _tp_comm_fn(comm, hw, plan)
-    stages = _stage_costs(model, hw, plan, dtype, e, tp_time)
-    slow = max(stages, key=lambda s: s.total)
-    m, v = plan.micro_batches, plan.virtual_stages
-    t_fwd = slow.forward + slow.tp_comm_fwd
-    t_bwd = slow.backward + slow.tp_comm_bwd + slow.recompute
-    busy, bubble, p2p = schedule_time(t_fwd, t_bwd, _p2p_time(model, hw, plan, e, comm), m, plan.pp, v)
-    dp_total, dp_exposed = _dp_comm(hw, plan, slow, m * slow.backward, dtype, comm)
-    optimizer = _optimizer_time(hw, plan, max(s.params for s in stages))
-    compute = busy + bubble + p2p
-    step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
-    breakdown = {
-        "compute/forward": m * slow.forward,
-        "compute/backward": m * slow.backward,
-        "compute/recompute": m * slow.recompute,
-        "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd),
-        "comm/pp_p2p": p2p,
-        "pipeline/bubble": bubble,
-        "comm/dp_allreduce": step - compute - optimizer if plan.consistency != "sync" else dp_exposed,
-        "optimizer": optimizer,
-    }
-    step = step + optimizer
-    memory = mem.per_device(model, hw, plan, stages, dtype, in_flight(plan.schedule, m, plan.pp, v))
-    model_flops, hardware_flops, matrix_flops = step_flops(model, plan, e)
-    peak = hw.device.peak(dtype) * plan.devices
-    return Prediction(
-        step_time_s=step,
-        throughput_samples_per_s=plan.global_batch / step,
-        model_tflops_per_device=model_flops / step / plan.devices / 1e12,
-        hardware_tflops_per_device=hardware_flops / step / plan.devices / 1e12,
-        matrix_tflops_per_device=matrix_flops / step / plan.devices / 1e12,
-        mfu=model_flops / step / peak,
-        breakdown_s=breakdown,
-        memory=memory,
-        memory_bytes_per_device=memory["total"],
-        fits=memory["total"] <= hw.device.memory,
-        work_flops=model_flops + _optimizer_flops(model, plan),
-        depth=float(model_cost(model, plan.micro, dtype).total_depth),
-        plan=plan.to_dict() | {"dtype": dtype},
-        staleness=staleness,
-        per_type_s={k: m * v_ for k, v_ in slow.per_type.items()},
-    )
+    return StepModel(model, hw).predict(plan)
 
 
 def _heads(model: Model) -> int | None:
@@ -115,21 +216,6 @@ def _tp_comm_fn(comm: Any, hw: Hardware, plan: Plan) -> Any:
     return lambda op, nbytes: comm.collective_time(op, nbytes, group, hw)
 
 
-def _stage_costs(model: Model, hw: Hardware, plan: Plan, dtype: str, e: int, tp_time: Any) -> list[StageCost]:
-    def cost(nodes: list[Any]) -> StageCost:
-        return stage_cost(tp_uses(nodes, plan.sequence_parallel), plan.micro, e, hw, dtype, plan.tp,
-                          plan.sequence_parallel, plan.recompute, tp_time)
-
-    if plan.pp == 1:
-        return [cost(list(model.root.items))]
-    stages = uniform_partition(model, plan.pp)
-    if stages is None:
-        pieces = units(model)
-        unit_costs = [float(cost([u]).total) for u in pieces]
-        stages = [pieces[i:j] for i, j in balanced_partition(unit_costs, plan.pp)]
-    return [cost(nodes) for nodes in stages]
-
-
 def _level_for_stride(hw: Hardware, stride: int) -> int:
     """Index of the innermost network level whose domains contain ranks `stride` apart."""
     for index, level in enumerate(hw.network):
@@ -138,12 +224,11 @@ def _level_for_stride(hw: Hardware, stride: int) -> int:
     return len(hw.network) - 1
 
 
-def _p2p_time(model: Model, hw: Hardware, plan: Plan, e: int, comm: Any) -> float:
+def _p2p_time(boundary: Any, hw: Hardware, plan: Plan, e: int, comm: Any) -> float:
     """One stage-boundary transfer of a micro-batch's activations. With tp > 1, Megatron's scatter/gather
     optimisation sends 1/tp of it across the boundary and allgathers it inside the node (Narayanan 2021, 4.1)."""
     if plan.pp == 1:
         return 0.0
-    boundary = _boundary_elements(model)
     nbytes = e * plan.micro * boundary
     stride = plan.tp * plan.data_parallel
     t = comm.p2p_time(nbytes / plan.tp, hw, _level_for_stride(hw, stride))
@@ -152,46 +237,48 @@ def _p2p_time(model: Model, hw: Hardware, plan: Plan, e: int, comm: Any) -> floa
     return t
 
 
-def _boundary_elements(model: Model) -> Any:
-    blocks = [i for i in model.root.items if isinstance(i, type(model.root)) and i.repeat > 1]
-    if blocks:
-        from dlperf.spec.model import out_shape
+def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -> tuple[Any, Any]:
+    """Gradient synchronisation across dp replicas: (total, exposed) seconds per step.
 
-        return numel(out_shape(blocks[0], model.input_shape))
-    return max(numel(layer.out_shape) for layer, _ in model.layers())
-
-
-def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, backward: float, dtype: str, comm: Any) -> tuple[Any, Any]:
-    """Gradient synchronisation across dp replicas: (total, exposed) seconds.
-
-    Allreduce of this device's gradients (ZeRO-2/3: reduce-scatter, plus ZeRO-3's parameter allgathers in forward
-    and backward). Overlapped with the backward pass in DDP buckets when pp == 1 (Li et al. 2020): only what
-    outlasts the backward pass, and at least the last bucket, is exposed. Megatron-LM issues it after the
-    pipeline flush, so with pp > 1 it is exposed unless overlap is forced.
+    Plain data parallelism allreduces the gradients once per step, in DDP buckets overlapped with the last
+    micro-batch's backward pass (Li et al. 2020): only what outlasts that backward pass, and at least the last
+    bucket, is exposed. ZeRO-1/2 reduce-scatter the gradients the same way, then allgather the updated parameter
+    shards after the optimizer step, which nothing hides. ZeRO-3 also allgathers each layer's parameters before
+    its forward and its backward pass, for every micro-batch, prefetched under that pass's compute (Rajbhandari
+    et al. 2020, section 7). Megatron-LM issues the reduction after the pipeline flush, so with pp > 1 it is
+    exposed unless overlap is forced. The survey's sharded parameter server and compressed allreduce replace
+    the allreduce when the plan asks for them.
     """
     dp = plan.data_parallel
     if dp == 1:
         return 0.0, 0.0
     grad_bytes = slow.params * element_bytes(plan.grad_dtype or ("fp32" if dtype in ("fp32", "tf32") else dtype))
     group = comm.Group(dp, plan.tp)
-    if plan.parameter_server:
-        total = comm.parameter_server_time(grad_bytes, dp, plan.parameter_server, hw)
-    elif plan.compression != "none":
-        total = comm.compressed_allreduce_time(slow.params, grad_bytes / slow.params,
-                                               comm.Compression.parse(plan.compression), group, hw)[0]
-    elif plan.zero >= 2:
-        total = comm.collective_time("reduce_scatter", grad_bytes, group, hw)
-        if plan.zero == 3:
-            total = total + 2 * comm.collective_time("allgather", grad_bytes, group, hw)
-    else:
-        total = comm.collective_time("allreduce", grad_bytes, group, hw)
-    if plan.zero in (1, 2):  # updated parameter shards are allgathered after the step
-        total = total + comm.collective_time("allgather", grad_bytes, group, hw)
     overlap = plan.overlap if plan.overlap is not None else plan.pp == 1
-    if not overlap:
-        return total, total
+
+    def hidden_behind(t: Any, window: Any, floor: Any) -> Any:
+        return max(t - window, floor) if overlap else t
+
     last_bucket = comm.collective_time("allreduce", min(DDP_BUCKET_BYTES, grad_bytes), group, hw)
-    return total, max(total - backward, last_bucket)
+    if plan.parameter_server:
+        total = comm.collective_time("allreduce", grad_bytes, group, hw, f"ps:{plan.parameter_server}")
+        return total, hidden_behind(total, slow.backward, last_bucket)
+    if plan.compression != "none":
+        total = comm.compressed_allreduce_time(slow.params, grad_bytes / slow.params, plan.compression, group,
+                                               hw)[0]
+        return total, hidden_behind(total, slow.backward, last_bucket)
+    if plan.zero == 0:
+        total = comm.collective_time("allreduce", grad_bytes, group, hw)
+        return total, hidden_behind(total, slow.backward, last_bucket)
+    reduce = comm.collective_time("reduce_scatter", grad_bytes, group, hw)
+    gather = comm.collective_time("allgather", grad_bytes, group, hw)
+    if plan.zero in (1, 2):
+        return reduce + gather, hidden_behind(reduce, slow.backward, last_bucket) + gather
+    m = plan.micro_batches
+    total = reduce + 2 * m * gather
+    exposed = (m * hidden_behind(gather, slow.forward, 0.0) + m * hidden_behind(gather, slow.backward, 0.0)
+               + hidden_behind(reduce, slow.backward, last_bucket))
+    return total, exposed
 
 
 def _optimizer_time(hw: Hardware, plan: Plan, params: Any) -> float:
@@ -226,15 +313,17 @@ def step_flops(model: Model, plan: Plan, e: int) -> tuple[float, float, float]:
     from dlperf.engine.stage import ATTENTION_CORE
     from dlperf.ops import OPS
 
-    model_total = recompute = matrix = 0.0
+    model_total = recompute = matrix = matrix_again = 0.0
     for layer, count in model.counted():
         for kernel in OPS[layer.op].kernels(layer, 1, e):
-            again = plan.recompute == "full" or (
+            again = plan.recompute in ("full", "except_last") or (
                 plan.recompute == "selective" and kernel.name in ATTENTION_CORE and not layer.get("flash"))
             extra = kernel.cost.fwd_flops if again else 0.0
             model_total += count * kernel.cost.work
             recompute += count * extra
             if kernel.cls in ("matmul", "conv"):
-                matrix += count * (kernel.cost.work + extra)
-    batch = plan.global_batch
-    return float(model_total) * batch, float(model_total + recompute) * batch, float(matrix) * batch
+                matrix += count * kernel.cost.work
+                matrix_again += count * extra
+    batch, share = plan.global_batch, recompute_share(plan)
+    executed = model_total + share * recompute
+    return float(model_total) * batch, float(executed) * batch, float(matrix + share * matrix_again) * batch

@@ -29,16 +29,22 @@ KERNEL_CLASSES = ("matmul", "conv", "memory")
 
 # Defaults when a hardware file gives no efficiency curve. Sources:
 # - matmul 0.87: A100 SXM BF16 maximum achievable matmul 271.2/312 TF/s (stas00/ml-engineering,
-#   compute/accelerator/README.md, "MAMF"); H100 SXM is 80.3%. Half size 2 GFLOP: a 1024^3 GEMM
-#   (2.1 GFLOP) runs at roughly half of MAMF on an A100 (same source's shape sweep).
+#   compute/accelerator/README.md, "MAMF"); H100 SXM is 80.3%.
+# - matmul startup 11 us (Hockney t0 = n_1/2 / r_inf, launch excluded): square FP16 GEMM sweeps give
+#   t(1024^3) - 2.15 GFLOP / r_inf = 16.8 us on an A100-PCIE-40GB (83.66 vs 241.49 TF/s at 4096^3) and 15.4 us
+#   on a V100-SXM2-16GB (57.30 vs 97.36 TF/s at 8192^3) (zzc0721/torch-performance-test-data issues #108 and
+#   #140, torch 2.7-2.8), i.e. ~16 us on both chips, of which ~5 us is the launch latency counted separately.
+#   A startup time transfers across chips; a fixed n_1/2 in FLOPs would not (it scales with the peak).
+# - memory startup 2.3 us: dlperf's earlier n_1/2 of 4 MiB at an A100's 0.9 x 2039 GB/s, kept as a time so
+#   that it does not grow on slower memories; not a measurement (calibrate to replace it).
 # - memory 0.9: STREAM-like copy reaches ~90% of HBM peak on V100/A100 (Jia et al. 2018/2019,
 #   "Dissecting the NVIDIA Volta/Ampere GPU architecture via microbenchmarking").
 # - launch 5 us: CUDA kernel launch overhead is ~3-7 us (same microbenchmark papers).
 # A convolution without its own curve uses the device's matmul curve: cuDNN's default algorithms are implicit
 # GEMMs (Chetlur et al. 2014, "cuDNN", section 3), so the GEMM efficiency is the best sourced stand-in.
 DEFAULT_EFFICIENCY = {
-    "matmul": (0.87, 2e9),
-    "memory": (0.90, 4.0 * 2**20),
+    "matmul": (0.87, 0.0, 11e-6),
+    "memory": (0.90, 0.0, 2.3e-6),
 }
 DEFAULT_LAUNCH_LATENCY = 5e-6
 
@@ -47,12 +53,14 @@ DEFAULT_LAUNCH_LATENCY = 5e-6
 class Efficiency:
     """Achieved fraction of peak as a saturating (Hockney) curve: peak * size / (size + half).
 
-    `size` is FLOPs for matmul/conv and bytes for memory; `half` is Hockney's n_1/2.
+    `size` is FLOPs for matmul/conv and bytes for memory; `half` is Hockney's n_1/2. Alternatively `startup`
+    gives Hockney's t0 = n_1/2 / r_inf directly (seconds per kernel, on top of the launch latency).
     """
 
     peak: float
     half: float = 0.0
     source: str = ""
+    startup: float | None = None
 
     def at(self, size: Any) -> Any:
         if self.half == 0:
@@ -82,8 +90,8 @@ class Device:
             return self.efficiency[kernel_class]
         if kernel_class == "conv":
             return self.eff("matmul")
-        peak, half = DEFAULT_EFFICIENCY[kernel_class]
-        return Efficiency(peak, half, "dlperf default")
+        peak, half, startup = DEFAULT_EFFICIENCY[kernel_class]
+        return Efficiency(peak, half, "dlperf default", startup)
 
 
 @dataclass(frozen=True)
@@ -122,7 +130,7 @@ _DEVICE_KEYS = (
     "name", "peak_flops", "memory", "memory_bandwidth", "launch_latency", "efficiency", "source",
 )
 _LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "source")
-_EFF_KEYS = ("peak", "half", "source")
+_EFF_KEYS = ("peak", "half", "startup", "source")
 
 
 def _quantity(node: dict, key: str, kind: str, file: str, where: str) -> float:
@@ -169,7 +177,10 @@ def _efficiency(node: Any, file: str, where: str) -> dict[str, Efficiency]:
         if "half" in curve:
             kind = "bytes" if cls == "memory" else "flops"
             half = _quantity(curve, "half", kind, file, here)
-        out[cls] = Efficiency(peak, half, str(curve.get("source", "")))
+        startup = _quantity(curve, "startup", "time", file, here) if "startup" in curve else None
+        if cls == "matmul" and "half" not in curve and startup is None:
+            startup = DEFAULT_EFFICIENCY["matmul"][2]  # a file that gives only the peak keeps the default t0
+        out[cls] = Efficiency(peak, half, str(curve.get("source", "")), startup)
     return out
 
 
