@@ -1,0 +1,147 @@
+"""`dlperf search`, `dlperf sweep` and `dlperf explain`: rank plans, scaling curves, sensitivities."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from dlperf.commands.common import format_option, set_option
+from dlperf.commands.predict import DTYPE_CHOICES, _load, build_plan, plan_options
+from dlperf.report import render, to_json
+
+BREAKDOWN_COLUMNS = ["compute/forward", "compute/backward", "compute/recompute", "comm/tp", "comm/pp_p2p",
+                     "pipeline/bubble", "comm/dp_allreduce", "optimizer"]
+
+
+def _memory_option(text: str | None) -> float | None:
+    if text is None:
+        return None
+    from dlperf.units import parse_quantity
+
+    return parse_quantity(text, "bytes")
+
+
+@click.command("search")
+@click.argument("model")
+@click.argument("hardware")
+@set_option
+@click.option("--gpus", "devices", type=int, required=True, help="Number of devices to plan for.")
+@click.option("--global-batch", type=int, required=True, help="Samples per step over all replicas.")
+@click.option("--top", type=int, default=5, show_default=True, help="How many of the best plans to show.")
+@click.option("--max-memory", default=None, help="Per-device memory cap, e.g. '40 GiB' (default: the device's).")
+@click.option("--objective", type=click.Choice(["time", "cost"]), default="time", show_default=True,
+              help="Rank by step time, or by cost per step (device-hours x price; also tries fewer devices).")
+@click.option("--max-micro-batch", type=int, default=8, show_default=True,
+              help="Largest power-of-two micro-batch tried (the whole per-replica batch is always tried).")
+@click.option("--uneven-stages", is_flag=True,
+              help="Also try pipeline depths that do not divide the layer count (slower: balanced partition).")
+@click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's).")
+@format_option
+def search(model: str, hardware: str, sets: tuple[str, ...], devices: int, global_batch: int, top: int,
+           max_memory: str | None, objective: str, max_micro_batch: int, uneven_stages: bool, dtype: str | None,
+           fmt: str) -> None:
+    """Enumerate parallel plans for MODEL on HARDWARE, keep those that fit, print the best."""
+    from dlperf.plan import Plan
+    from dlperf.search import SearchSpace, terminal_progress
+    from dlperf.search import search as run
+
+    spec, hw = _load(model, hardware, sets)
+    space = SearchSpace(max_micro_batch=max_micro_batch, uneven_stages=uneven_stages)
+    result = run(spec, hw, devices, global_batch, objective=objective, max_memory=_memory_option(max_memory),
+                 base=Plan(dtype=dtype), space=space, progress=terminal_progress("searching plans"))
+    rows = result.rows(top)
+    summary = {"model": spec.name, "hardware": hw.name, "devices": devices, "global_batch": global_batch,
+               "objective": objective, "considered": result.considered, "feasible": result.feasible,
+               "search_seconds": result.elapsed_s}
+    if fmt == "json":
+        click.echo(to_json({**summary, "plans": rows}))
+        return
+    if fmt == "csv":
+        click.echo(render(rows, "csv"))
+        return
+    title = (f"{spec.name} on {devices} x {hw.device.name} ({hw.name}), global batch {global_batch}: "
+             f"{result.considered:,} plans considered, {result.feasible:,} fit; best {len(rows)} by {objective}")
+    plan_cols = ["rank", "dp", "tp", "pp", "micro_batch", "schedule", "virtual_stages", "zero", "recompute",
+                 "sequence_parallel", "step_time_s", "samples_per_s", "memory_gib"]
+    if objective == "cost":
+        plan_cols = ["rank", "devices"] + plan_cols[1:] + ["cost_per_step"]
+    click.echo(render(rows, "table", columns=plan_cols, title=title))
+    if rows:
+        short = [{"rank": r["rank"], **{k: r[k] for k in BREAKDOWN_COLUMNS}} for r in rows]
+        click.echo("\nstep-time breakdown (s)")
+        click.echo(render(short, "table"))
+
+
+@click.command("sweep")
+@click.argument("model")
+@click.argument("hardware")
+@set_option
+@click.option("--gpus", "gpus", required=True,
+              help="Device counts: a list '1,2,4,8' or a range '1..256' (powers of two).")
+@click.option("--strategy", type=click.Choice(["data", "model", "pipeline", "hybrid", "best"]), default="data",
+              show_default=True, help="How each point parallelizes (best = full plan search per point).")
+@click.option("--weak/--strong", default=False, show_default=True,
+              help="Weak: fixed per-device batch. Strong: fixed global batch.")
+@click.option("--global-batch", type=int, default=None,
+              help="Strong: the global batch (default 32 x largest count). Weak: the batch at the first count "
+                   "(default 32 per device).")
+@click.option("--micro-batch", type=int, default=None,
+              help="Largest micro-batch per replica for data/model/pipeline; bigger per-replica batches use "
+                   "gradient accumulation (default 32; pipeline: global batch / (4 x GPUs)).")
+@click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's).")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Write the scaling figure (.png, .svg or .pdf).")
+@format_option
+def sweep(model: str, hardware: str, sets: tuple[str, ...], gpus: str, strategy: str, weak: bool,
+          global_batch: int | None, micro_batch: int | None, dtype: str | None, plot: str | None, fmt: str) -> None:
+    """Strong or weak scaling of MODEL on HARDWARE: step time, throughput, speedup, parallel efficiency."""
+    from dlperf.search import parse_gpu_list, terminal_progress
+    from dlperf.search import sweep as run
+
+    spec, hw = _load(model, hardware, sets)
+    result = run(spec, hw, parse_gpu_list(gpus), strategy=strategy, weak=weak, global_batch=global_batch,
+                 micro_batch=micro_batch, dtype=dtype, progress=terminal_progress("sweeping"))
+    if plot:
+        from dlperf.plot import scaling_chart
+
+        scaling_chart([result], plot)
+    title = f"{spec.name} on {hw.name}, {strategy} parallelism, {result.mode} scaling"
+    click.echo(render(result.rows(), fmt, title=title))
+
+
+@click.command("explain")
+@click.argument("model")
+@click.argument("hardware")
+@set_option
+@plan_options
+@click.option("--step", type=float, default=0.10, show_default=True,
+              help="Relative change applied to each hardware constant (0.10 = +10%).")
+@format_option
+def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: str, **opts: Any) -> None:
+    """Sensitivity of step time to each hardware constant and plan knob, and the bottleneck."""
+    from dlperf.search import explain as run
+    from dlperf.search import format_change
+
+    spec, hw = _load(model, hardware, sets)
+    plan, notes = build_plan(spec, hw, opts)
+    out = run(spec, hw, plan, step)
+    rows = out["sensitivities"]
+    if fmt == "json":
+        click.echo(to_json({"step_time_s": out["prediction"].step_time_s, "bottleneck": out["bottleneck"],
+                            "bottleneck_share": out["bottleneck_share"], "plan": out["prediction"].plan,
+                            "sensitivities": rows, "notes": notes}))
+        return
+    if fmt == "csv":
+        click.echo(render(rows, "csv"))
+        return
+    r = out["prediction"]
+    p = r.plan
+    lines = [f"{spec.name} on {p['devices']} x {hw.device.name}: dp={p['dp']} tp={p['tp']} pp={p['pp']}, "
+             f"step time {r.step_time_s:.4g} s"]
+    lines += [f"note: {n}" for n in notes]
+    lines.append(f"bottleneck: {out['bottleneck']} ({100 * out['bottleneck_share']:.1f}% of the step)")
+    lines.append("sensitivities (each computed by re-predicting with that one constant or knob changed):")
+    width = max(len(row["change"]) for row in rows)
+    lines += [f"  {row['change']:<{width}} -> {format_change(row['step_time_change'])} step time" for row in rows]
+    click.echo("\n".join(lines))

@@ -1,0 +1,403 @@
+"""Plan search and scaling sweeps on top of `dlperf.engine.predict`.
+
+Search enumerates (dp, tp, pp, micro-batch, schedule, virtual stages, ZeRO stage, recomputation, sequence
+parallelism), prices every valid plan and ranks those that fit. The expensive part of a prediction -- the stage
+costs, which walk every layer's kernels -- depends only on (tp, pp, sequence parallelism, recomputation,
+micro-batch, dtype); the cheap knobs (micro-batch count, schedule bubble, virtual stages, ZeRO memory, dp
+communication) are combined per plan. The engine's `StepModel` memoises the expensive part; `predict` is the
+same object with a fresh cache, so search's numbers are predict's (tests/test_search.py checks 1e-9 relative
+agreement on a random sample).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlperf.errors import DlperfError, PlanError
+from dlperf.plan import Plan
+
+OBJECTIVES = ("time", "cost")
+STRATEGIES = ("data", "model", "pipeline", "hybrid", "best")
+DEFAULT_MICRO_CAP = 32  # samples per micro-batch in sweeps: ResNet-50's per-GPU batch in Goyal et al. 2017
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _powers_of_two_upto(n: int) -> list[int]:
+    out, p = [], 1
+    while p <= n:
+        out.append(p)
+        p *= 2
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- evaluation
+def _step_model(model: Any, hw: Any) -> Any:
+    """The engine's memoising evaluator: search and predict share one code path (dlperf.engine.step.StepModel)."""
+    from dlperf.engine.step import StepModel
+
+    return StepModel(model, hw)
+
+
+# -------------------------------------------------------------------------------------------------- enumeration
+@dataclass(frozen=True)
+class SearchSpace:
+    """Which knob values search tries. tp stays inside a node (powers of two), as Megatron-LM recommends
+    (Narayanan et al. 2021, takeaway #1); micro-batches are powers of two up to max_micro_batch, plus the whole
+    per-replica batch."""
+
+    schedules: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    max_micro_batch: int = 8
+    max_virtual_stages: int = 4
+    # Megatron-LM requires the layer count to divide evenly among stages; pricing uneven splits needs the
+    # balanced-partition DP per structure, which dominates search time (profiled: ~0.2 s per call for GPT-3).
+    uneven_stages: bool = False
+
+
+def enumerate_plans(base: Plan, node_size: int, heads: int | None, layers: int,
+                    space: SearchSpace = SearchSpace(), pp_ok: Callable[[int], bool] = lambda pp: True
+                    ) -> Iterator[Plan]:
+    """Every valid plan for base.devices and base.global_batch (other fields of base are kept)."""
+    n, batch = base.devices, base.global_batch
+    for tp in (d for d in _divisors(n) if d <= node_size and d & (d - 1) == 0):
+        if heads and tp > 1 and heads % tp:
+            continue
+        for pp in (d for d in _divisors(n // tp) if d <= layers and pp_ok(d)):
+            dp = n // (tp * pp)
+            if batch % dp:
+                continue
+            per_replica = batch // dp
+            micros = sorted({d for d in _powers_of_two_upto(space.max_micro_batch) if per_replica % d == 0}
+                            | {per_replica})
+            for micro in micros:
+                m = per_replica // micro
+                for schedule, v in _schedules(pp, m, space):
+                    for zero in (space.zero if dp > 1 else (0,)):
+                        for recompute in space.recompute:
+                            for sp in (space.sequence_parallel if tp > 1 else (False,)):
+                                yield base.with_(dp=dp, tp=tp, pp=pp, micro_batch=micro, schedule=schedule,
+                                                 virtual_stages=v, zero=zero, recompute=recompute,
+                                                 sequence_parallel=sp)
+
+
+def _schedules(pp: int, m: int, space: SearchSpace) -> Iterator[tuple[str, int]]:
+    if pp == 1:
+        yield "1f1b", 1  # no pipeline: the schedule does not matter
+        return
+    for schedule in space.schedules:
+        if schedule != "interleaved":
+            yield schedule, 1
+        elif m % pp == 0:
+            for v in range(2, space.max_virtual_stages + 1):
+                yield schedule, v
+
+
+# ------------------------------------------------------------------------------------------------------ search
+@dataclass
+class SearchResult:
+    """Ranked fitting plans (best first) and how many were considered / feasible."""
+
+    ranked: list[Any]
+    considered: int
+    feasible: int
+    objective: str
+    hw: Any = None
+    elapsed_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def objective_value(self, ev: Any) -> float:
+        return objective_value(ev, self.objective, self.hw)
+
+    def rows(self, top: int | None = None) -> list[dict[str, Any]]:
+        out = []
+        for rank, ev in enumerate(self.ranked[:top], 1):
+            p = ev.plan
+            row = {"rank": rank, "devices": p.devices, "dp": p.data_parallel, "tp": p.tp, "pp": p.pp,
+                   "micro_batch": p.micro, "micro_batches": p.micro_batches, "schedule": p.schedule,
+                   "virtual_stages": p.virtual_stages, "zero": p.zero, "recompute": p.recompute,
+                   "sequence_parallel": p.sequence_parallel, "step_time_s": ev.step_time_s,
+                   "samples_per_s": ev.throughput(), "memory_gib": ev.memory_bytes_per_device / 2**30}
+            if self.objective == "cost":
+                row["cost_per_step"] = self.objective_value(ev)
+            row.update({k: v for k, v in ev.breakdown_s.items()})
+            out.append(row)
+        return out
+
+    def to_frame(self, top: int | None = None) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(self.rows(top))
+
+
+def objective_value(ev: Any, objective: str, hw: Any) -> float:
+    """time: seconds per step. cost: device-hours per step, times the hardware's price per device-hour if known."""
+    if objective == "time":
+        return ev.step_time_s
+    price = getattr(hw, "price_per_device_hour", None) or 1.0
+    return ev.plan.devices * ev.step_time_s / 3600.0 * price
+
+
+def search(model: Any, hw: Any, devices: int, global_batch: int, *, objective: str = "time",
+           max_memory: float | None = None, base: Plan | None = None, space: SearchSpace = SearchSpace(),
+           progress: Callable[[Iterable], Any] | None = None) -> SearchResult:
+    """All valid plans on `devices` (with objective 'cost' also on the halvings devices/2, /4, ... since fewer
+    devices may cost less per step), keep those whose memory fits the device (and max_memory), rank."""
+    import time
+
+    if objective not in OBJECTIVES:
+        raise PlanError("objective", expected=" or ".join(OBJECTIVES), found=objective)
+    start = time.perf_counter()
+    evaluator = _step_model(model, hw)
+    limit = hw.device.memory if max_memory is None else min(max_memory, hw.device.memory)
+    counts = [devices] if objective == "time" else [d for d in _divisors(devices)
+                                                    if (devices // d) & (devices // d - 1) == 0]
+    plans: list[Plan] = []
+    node = hw.network[0].size or 1
+    base = base or Plan()
+    for n in counts:
+        plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
+                                 evaluator.layers, space, _pp_filter(model, space))
+    fitting: list[Any] = []
+    iterator = progress(plans) if progress else _null(plans)
+    with iterator as items:
+        for plan in items:
+            try:
+                ev = evaluator.timeline(plan)
+            except DlperfError:
+                continue
+            if ev.memory_bytes_per_device <= limit:
+                fitting.append(ev)
+    fitting.sort(key=lambda ev: (objective_value(ev, objective, hw), ev.memory_bytes_per_device))
+    return SearchResult(fitting, len(plans), len(fitting), objective, hw, time.perf_counter() - start)
+
+
+def _pp_filter(model: Any, space: SearchSpace) -> Callable[[int], bool]:
+    """Without uneven stages: only pp that Megatron's uniform split accepts (when the model has a repeated
+    block; a model without one always needs the balanced split)."""
+    from dlperf.engine.pipeline import uniform_partition
+
+    if space.uneven_stages or uniform_partition(model, 1) is None:
+        return lambda pp: True
+    return lambda pp: pp == 1 or uniform_partition(model, pp) is not None
+
+
+class _null:
+    def __init__(self, items: Iterable) -> None:
+        self.items = items
+
+    def __enter__(self) -> Iterable:
+        return self.items
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def terminal_progress(label: str) -> Callable[[Iterable], Any] | None:
+    """A click progress bar on stderr when stderr is a terminal; None (quiet) when piped."""
+    if not sys.stderr.isatty():
+        return None
+    import click
+
+    return lambda items: click.progressbar(items, label=label, file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------------------- sweeps
+def parse_gpu_list(text: str) -> list[int]:
+    """'1,2,4,8' or '1..256' (powers of two from 1 to 256, both ends included)."""
+    text = text.strip()
+    try:
+        if ".." in text:
+            lo, hi = (int(x) for x in text.split(".."))
+            if lo < 1 or hi < lo:
+                raise ValueError
+            out, p = [], 1
+            while p <= hi:
+                if p >= lo:
+                    out.append(p)
+                p *= 2
+            return out or [lo]
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise PlanError("--gpus", expected="a list like 1,2,4,8 or a range 1..256", found=text) from None
+    if not values or any(v < 1 for v in values):
+        raise PlanError("--gpus", expected="positive device counts", found=text)
+    return sorted(set(values))
+
+
+@dataclass
+class SweepPoint:
+    devices: int
+    global_batch: int
+    plan: Plan | None
+    prediction: Any
+    note: str = ""
+
+
+@dataclass
+class Sweep:
+    """Scaling curve: per device count the chosen plan's step time and throughput; speedup and parallel
+    efficiency relative to the first point that has a prediction (speedup = throughput ratio, efficiency =
+    speedup / device ratio -- for strong scaling the speedup is the step-time ratio)."""
+
+    model: str
+    hardware: str
+    strategy: str
+    mode: str
+    points: list[SweepPoint]
+
+    def _reference(self) -> SweepPoint | None:
+        return next((p for p in self.points if p.prediction is not None), None)
+
+    def rows(self) -> list[dict[str, Any]]:
+        ref = self._reference()
+        out = []
+        for p in self.points:
+            r = p.prediction
+            row: dict[str, Any] = {"gpus": p.devices, "global_batch": p.global_batch,
+                                   "dp": p.plan.data_parallel if p.plan else None,
+                                   "tp": p.plan.tp if p.plan else None, "pp": p.plan.pp if p.plan else None}
+            if r is None or ref is None:
+                row.update(step_time_s=None, samples_per_s=None, speedup=None, efficiency=None, fits=False)
+            else:
+                base = ref.prediction.throughput_samples_per_s
+                speedup = r.throughput_samples_per_s / base
+                row.update(step_time_s=r.step_time_s, samples_per_s=r.throughput_samples_per_s, speedup=speedup,
+                           efficiency=speedup / (p.devices / ref.devices), fits=r.fits)
+            row["note"] = p.note
+            out.append(row)
+        return out
+
+    def to_frame(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
+
+
+def _sweep_plan(model: Any, hw: Any, strategy: str, n: int, batch: int, micro: int | None,
+                dtype: str | None) -> tuple[Plan | None, Any, str]:
+    from dlperf.engine import predict
+    from dlperf.engine.defaults import best_plan
+
+    base = Plan(devices=n, global_batch=batch, dtype=dtype)
+    if strategy in ("data", "model", "pipeline"):
+        if strategy == "data":
+            plan = base.with_(dp=n)
+            per = batch // n if batch % n == 0 else None
+        elif strategy == "model":
+            plan, per = base.with_(dp=1, tp=n), batch
+        else:
+            plan, per = base.with_(dp=1, pp=n), batch
+        if strategy == "pipeline" and n > 1 and micro is None:
+            # at least 4 micro-batches per stage keeps the 1F1B bubble (pp-1)/(m+pp-1) under 20%
+            # (Narayanan et al. 2021, section 2.2), as `dlperf compare` does
+            plan = plan.with_(micro_batch=max(d for d in _divisors(batch) if d <= max(1, batch // (4 * n))))
+        elif per:
+            # gradient accumulation: the largest divisor of the per-replica batch up to the cap
+            plan = plan.with_(micro_batch=max(d for d in _divisors(per) if d <= (micro or DEFAULT_MICRO_CAP)))
+        try:
+            return plan, predict(model, hw, plan), ""
+        except DlperfError as err:
+            return plan, None, str(err)
+    if strategy == "hybrid":
+        plan, result = best_plan(model, hw, base)
+        return plan, result, "" if plan else "no hybrid plan fits"
+    found = search(model, hw, n, batch, base=base)
+    if not found.ranked:
+        return None, None, "no plan fits"
+    plan = found.ranked[0].plan
+    return plan, predict(model, hw, plan), ""
+
+
+def sweep(model: Any, hw: Any, gpus: list[int], *, strategy: str = "data", weak: bool = False,
+          global_batch: int | None = None, micro_batch: int | None = None, dtype: str | None = None,
+          progress: Callable[[Iterable], Any] | None = None) -> Sweep:
+    """Strong scaling: the global batch stays `global_batch` (default 32 per device at the largest count).
+    Weak scaling: the per-device batch stays global_batch / gpus[0] (default 32)."""
+    if strategy not in STRATEGIES:
+        raise PlanError("strategy", expected=", ".join(STRATEGIES), found=strategy)
+    gpus = sorted(gpus)
+    if weak:
+        per_device = (global_batch // gpus[0]) if global_batch else 32
+        batches = [per_device * n for n in gpus]
+    else:
+        batches = [global_batch or 32 * gpus[-1]] * len(gpus)
+    points = []
+    with (progress(list(zip(gpus, batches, strict=True))) if progress
+          else _null(list(zip(gpus, batches, strict=True)))) as items:
+        for n, batch in items:
+            plan, result, note = _sweep_plan(model, hw, strategy, n, batch, micro_batch, dtype)
+            points.append(SweepPoint(n, batch, plan, result, note))
+    return Sweep(model.name, hw.name, strategy, "weak" if weak else "strong", points)
+
+
+# ------------------------------------------------------------------------------------------------------ explain
+def _scaled_hardware(hw: Any, factor: float) -> list[tuple[str, Any]]:
+    """(label, hardware with one constant scaled by `factor`) for every device and network constant."""
+    from dataclasses import replace
+
+    dev = hw.device
+    out = [
+        ("peak FLOP/s", replace(hw, device=replace(dev, peak_flops={k: v * factor
+                                                                   for k, v in dev.peak_flops.items()}))),
+        ("memory bandwidth", replace(hw, device=replace(dev, memory_bandwidth=dev.memory_bandwidth * factor))),
+        ("launch latency", replace(hw, device=replace(dev, launch_latency=dev.launch_latency * factor))),
+    ]
+    for i, level in enumerate(hw.network):
+        for attr, word in (("bandwidth", "bandwidth"), ("latency", "latency")):
+            net = list(hw.network)
+            net[i] = replace(level, **{attr: getattr(level, attr) * factor})
+            out.append((f"{level.name} {word}", replace(hw, network=tuple(net))))
+    return out
+
+
+def explain(model: Any, hw: Any, plan: Plan, step: float = 0.10) -> dict[str, Any]:
+    """Sensitivity of step time to each hardware constant and to doubling/halving plan knobs, by re-predicting
+    with the constant scaled by (1 + step) (dataclasses.replace on the Hardware), and the bottleneck."""
+    from dlperf.engine import predict
+
+    base = predict(model, hw, plan)
+    t0 = base.step_time_s
+    rows = []
+    for label, changed in _scaled_hardware(hw, 1.0 + step):
+        t = predict(model, changed, plan).step_time_s
+        rows.append({"change": f"+{step:.0%} {label}", "step_time_s": t, "step_time_change": t / t0 - 1})
+    for label, new in _knob_changes(plan):
+        try:
+            t = predict(model, hw, new).step_time_s
+        except DlperfError:
+            continue
+        rows.append({"change": label, "step_time_s": t, "step_time_change": t / t0 - 1})
+    bottleneck = max(base.breakdown_s.items(), key=lambda kv: kv[1])
+    return {"prediction": base, "sensitivities": rows, "bottleneck": bottleneck[0],
+            "bottleneck_share": bottleneck[1] / t0}
+
+
+def _knob_changes(plan: Plan) -> list[tuple[str, Plan]]:
+    out = []
+    micro = plan.micro
+    if micro > 1 and micro % 2 == 0:
+        out.append((f"micro-batch {micro} -> {micro // 2}", plan.with_(micro_batch=micro // 2)))
+    out.append((f"micro-batch {micro} -> {micro * 2}", plan.with_(micro_batch=micro * 2)))
+    for value in ("none", "selective", "full"):
+        if value != plan.recompute:
+            out.append((f"recompute {plan.recompute} -> {value}", plan.with_(recompute=value)))
+    for z in (0, 1, 2, 3):
+        if z != plan.zero:
+            out.append((f"zero {plan.zero} -> {z}", plan.with_(zero=z)))
+    if plan.tp > 1:
+        out.append((f"sequence parallel {'on -> off' if plan.sequence_parallel else 'off -> on'}",
+                    plan.with_(sequence_parallel=not plan.sequence_parallel)))
+    return out
+
+
+def format_change(value: float) -> str:
+    return "+0.0%" if math.isclose(value, 0.0, abs_tol=5e-5) else f"{100 * value:+.1f}%"
