@@ -43,12 +43,36 @@ def main() -> None:
     loop_rate = len(sample) / loop_s
     print(f"predict loop: {len(sample)} plans in {loop_s:.2f} s -> {loop_rate:,.0f} plans/s")
     print(f"speed-up of the search path over the predict loop: {fast_rate / loop_rate:.1f}x")
+    grid_rate(model, hw, loop_rate)
 
     exe = Path(sys.executable).with_name("dlperf")
     cmd = [str(exe), "search", "gpt3-175b", "dgx-a100", "--gpus", "1024", "--global-batch", "1536"]
     start = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True)
     print(f"whole process `{' '.join(cmd[1:])}`: {time.perf_counter() - start:.2f} s")
+
+
+def grid_rate(model: object, hw: object, loop_rate: float) -> None:
+    """The vectorised path: one plan structure (t8 p16, micro-batch 1, interleaved, full recompute), a million
+    (global batch, virtual stages) points evaluated as numpy arrays by StepModel.grid."""
+    import numpy as np
+
+    from dlperf.engine.step import StepModel
+    from dlperf.plan import Plan
+
+    engine = StepModel(model, hw)
+    base = Plan(devices=1024, tp=8, pp=16, global_batch=1536, micro_batch=1, recompute="full",
+                schedule="interleaved", virtual_stages=2)
+    engine.grid(base, np.array([1536]))  # warm the per-structure cache, as search does once per structure
+    n = 1_000_000
+    batches = 128 * np.arange(1, n + 1) % (128 * 4096) + 128
+    vs = np.resize(np.array([1, 2, 3, 6]), n)
+    start = time.perf_counter()
+    out = engine.grid(base, batches, vs)
+    grid_s = time.perf_counter() - start
+    valid = int(np.count_nonzero(~np.isnan(out["step_time_s"])))
+    print(f"vectorised grid: {n:,} plans ({valid:,} valid) in {grid_s:.3f} s -> {n / grid_s:,.0f} plans/s "
+          f"({n / grid_s / loop_rate:,.0f}x the predict loop)")
 
 
 if __name__ == "__main__":

@@ -247,3 +247,34 @@ def test_to_frame_when_pandas(gpt_search, resnet_sweep):
 def test_cli_bad_gpu_list_is_one_line_error(run):
     code, _, err = run("sweep", "resnet50", "dgx1-v100", "--gpus", "many")
     assert code == 2 and "--gpus" in err
+
+
+def test_vectorized_grid_agrees_with_predict_to_1e_9():
+    """StepModel.grid (numpy over global batch and virtual stages) against one-at-a-time predict."""
+    import numpy as np
+
+    model, hw = load_model("gpt3-175b"), load_hardware("dgx-a100")
+    engine = StepModel(model, hw)
+    rng = random.Random(7)
+    for schedule, zero in (("interleaved", 0), ("1f1b", 1), ("gpipe", 0)):
+        base = Plan(devices=1024, tp=8, pp=16, global_batch=1536, micro_batch=1, recompute="full",
+                    schedule=schedule, virtual_stages=2 if schedule == "interleaved" else 1, zero=zero)
+        batches = np.array([128 * rng.randint(1, 40) for _ in range(20)])
+        vs = np.array([rng.choice([1, 2, 3, 6]) if schedule == "interleaved" else 1 for _ in range(20)])
+        grid = engine.grid(base, batches, vs)
+        for gb, v, step, memory in zip(batches, vs, grid["step_time_s"], grid["memory_bytes_per_device"],
+                                       strict=True):
+            plan = replace(base, global_batch=int(gb), virtual_stages=int(v))
+            ref = predict(model, hw, plan)
+            assert step == pytest.approx(ref.step_time_s, rel=1e-9)
+            assert memory == pytest.approx(ref.memory_bytes_per_device, rel=1e-9)
+
+
+def test_grid_marks_invalid_points():
+    import numpy as np
+
+    engine = StepModel(load_model("gpt3-175b"), load_hardware("dgx-a100"))
+    base = Plan(devices=1024, tp=8, pp=16, global_batch=1536, micro_batch=1, recompute="full")
+    grid = engine.grid(base, np.array([1536, 1537, 4]))
+    assert not np.isnan(grid["step_time_s"][0])
+    assert np.isnan(grid["step_time_s"][1]) and np.isnan(grid["step_time_s"][2])  # not divisible; m < 1

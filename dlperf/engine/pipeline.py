@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlperf import mathx
 from dlperf.spec.model import Model, Seq
 
 
@@ -82,10 +83,12 @@ def schedule_time(t_fwd: Any, t_bwd: Any, t_p2p: Any, m: int, pp: int, v: int) -
     return busy, bubble, p2p
 
 
-def in_flight(schedule: str, m: int, pp: int, v: int) -> float:
+def in_flight(schedule: str, m: Any, pp: int, v: Any) -> Any:
     """Micro-batches whose activations the first stage holds at once: all m for GPipe, pp for 1F1B, and
     pp * (1 + (pp-1)/(pp*v)) for interleaved 1F1B (Korthikanti et al. 2022, section 4.2.3)."""
-    if schedule == "gpipe" or pp == 1:
-        return float(m) if pp > 1 else 1.0
-    full = min(m, pp)
-    return full * (1 + (pp - 1) / (pp * v)) if schedule == "interleaved" else float(full)
+    if pp == 1:
+        return 1.0
+    if schedule == "gpipe":
+        return m * 1.0
+    full = mathx.minimum(m, pp)
+    return full * (1 + (pp - 1) / (pp * v)) if schedule == "interleaved" else full * 1.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dlperf import mathx
 from dlperf.engine import memory as mem
 from dlperf.engine.layers import element_bytes, tp_uses
 from dlperf.engine.pipeline import balanced_partition, in_flight, schedule_time, uniform_partition, units
@@ -126,15 +127,41 @@ class StepModel:
 
     def timeline(self, plan: Plan) -> Timeline:
         validate(plan, heads=self.heads, layers=self.layers)
+        step, breakdown, memory, slow, dtype, staleness = self._evaluate(plan, plan.micro_batches,
+                                                                          plan.virtual_stages)
+        return Timeline(plan, step, breakdown, memory, slow, dtype, staleness)
+
+    def grid(self, plan: Plan, global_batch: Any, virtual_stages: Any = None) -> dict[str, Any]:
+        """Step time and memory for whole arrays of global batches (and virtual-stage counts) that share the
+        rest of `plan`: the per-structure costs are computed once and the cheap knobs combined as numpy
+        arrays (the vectorised path of search and sweep). Points that break a plan rule are NaN."""
+        import numpy as np
+
+        validate(plan, heads=self.heads, layers=self.layers)
+        gb = np.asarray(global_batch, dtype=float)
+        v = np.asarray(plan.virtual_stages if virtual_stages is None else virtual_stages, dtype=float)
+        m = gb / (plan.data_parallel * plan.micro)
+        ok = (m >= 1) & (m == np.floor(m)) & (v >= 1)
+        if plan.schedule == "interleaved":
+            ok &= (m % plan.pp == 0)
+        else:
+            ok &= v == 1
+        step, _, memory, *_ = self._evaluate(plan, m, v)
+        nan = np.full(np.broadcast(gb, v).shape, np.nan)
+        return {"step_time_s": np.where(ok, step, nan), "memory_bytes_per_device": np.where(ok, memory["total"], nan),
+                "global_batch": gb, "virtual_stages": v}
+
+    def _evaluate(self, plan: Plan, m: Any, v: Any) -> tuple[Any, dict[str, Any], dict[str, Any], StageCost, str,
+                                                              int]:
+        """The step for m micro-batches and v virtual stages (numbers or numpy arrays)."""
         dtype = plan.dtype or self.model.dtype
         e = element_bytes(dtype)
         stages, slow, params, boundary = self.stages(plan, dtype, e)
-        m, v = plan.micro_batches, plan.virtual_stages
         t_fwd = slow.forward + slow.tp_comm_fwd
-        recompute = slow.recompute * recompute_share(plan)
+        recompute = slow.recompute * recompute_share(plan, m)
         t_bwd = slow.backward + slow.tp_comm_bwd + recompute
         busy, bubble, p2p = schedule_time(t_fwd, t_bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v)
-        dp_total, dp_exposed = self._dp_time(plan, slow, dtype)
+        dp_total, dp_exposed = _dp_with_micro_batches(self._dp_time(plan, slow, dtype), m)
         optimizer = _optimizer_time(self.hw, plan, params)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
@@ -149,7 +176,7 @@ class StepModel:
             "optimizer": optimizer,
         }
         memory = mem.per_device(self.model, self.hw, plan, stages, dtype, in_flight(plan.schedule, m, plan.pp, v))
-        return Timeline(plan, step + optimizer, breakdown, memory, slow, dtype, staleness)
+        return step + optimizer, breakdown, memory, slow, dtype, staleness
 
     def _p2p_time(self, plan: Plan, e: int, boundary: Any) -> Any:
         key = (plan.tp, plan.pp, plan.data_parallel, plan.micro, e, boundary)
@@ -157,8 +184,8 @@ class StepModel:
             self._p2p[key] = _p2p_time(boundary, self.hw, plan, e, self.comm)
         return self._p2p[key]
 
-    def _dp_time(self, plan: Plan, slow: StageCost, dtype: str) -> tuple[Any, Any]:
-        key = (id(slow), plan.micro_batches, plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
+    def _dp_time(self, plan: Plan, slow: StageCost, dtype: str) -> tuple[Any, Any, Any, Any]:
+        key = (id(slow), plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
                plan.parameter_server, plan.compression, plan.grad_dtype, dtype)
         if key not in self._dp:
             self._dp[key] = _dp_comm(self.hw, plan, slow, dtype, self.comm)
@@ -187,12 +214,11 @@ class StepModel:
         )
 
 
-def recompute_share(plan: Plan) -> float:
+def recompute_share(plan: Plan, m: Any = None) -> Any:
     """Fraction of micro-batches whose forward pass is rerun: all, or all but the last for torchgpipe's
     checkpoint='except_last' (Kim et al. 2020, torchgpipe, section 3.2.2)."""
-    if plan.recompute == "except_last":
-        return (plan.micro_batches - 1) / plan.micro_batches
-    return 1.0
+    m = plan.micro_batches if m is None else m
+    return (m - 1) / m if plan.recompute == "except_last" else 1.0
 
 
 def predict(model: Model, hw: Hardware, plan: Plan) -> Prediction:
@@ -237,8 +263,9 @@ def _p2p_time(boundary: Any, hw: Hardware, plan: Plan, e: int, comm: Any) -> flo
     return t
 
 
-def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -> tuple[Any, Any]:
-    """Gradient synchronisation across dp replicas: (total, exposed) seconds per step.
+def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -> tuple[Any, Any, Any, Any]:
+    """Gradient synchronisation across dp replicas: (total, exposed) seconds per step, plus the (total,
+    exposed) that recur for every micro-batch, so that `_dp_with_micro_batches` scales them by m.
 
     Plain data parallelism allreduces the gradients once per step, in DDP buckets overlapped with the last
     micro-batch's backward pass (Li et al. 2020): only what outlasts that backward pass, and at least the last
@@ -251,7 +278,7 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -
     """
     dp = plan.data_parallel
     if dp == 1:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
     grad_bytes = slow.params * element_bytes(plan.grad_dtype or ("fp32" if dtype in ("fp32", "tf32") else dtype))
     group = comm.Group(dp, plan.tp)
     overlap = plan.overlap if plan.overlap is not None else plan.pp == 1
@@ -262,23 +289,25 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -
     last_bucket = comm.collective_time("allreduce", min(DDP_BUCKET_BYTES, grad_bytes), group, hw)
     if plan.parameter_server:
         total = comm.collective_time("allreduce", grad_bytes, group, hw, f"ps:{plan.parameter_server}")
-        return total, hidden_behind(total, slow.backward, last_bucket)
+        return total, hidden_behind(total, slow.backward, last_bucket), 0.0, 0.0
     if plan.compression != "none":
         total = comm.compressed_allreduce_time(slow.params, grad_bytes / slow.params, plan.compression, group,
                                                hw)[0]
-        return total, hidden_behind(total, slow.backward, last_bucket)
+        return total, hidden_behind(total, slow.backward, last_bucket), 0.0, 0.0
     if plan.zero == 0:
         total = comm.collective_time("allreduce", grad_bytes, group, hw)
-        return total, hidden_behind(total, slow.backward, last_bucket)
+        return total, hidden_behind(total, slow.backward, last_bucket), 0.0, 0.0
     reduce = comm.collective_time("reduce_scatter", grad_bytes, group, hw)
     gather = comm.collective_time("allgather", grad_bytes, group, hw)
     if plan.zero in (1, 2):
-        return reduce + gather, hidden_behind(reduce, slow.backward, last_bucket) + gather
-    m = plan.micro_batches
-    total = reduce + 2 * m * gather
-    exposed = (m * hidden_behind(gather, slow.forward, 0.0) + m * hidden_behind(gather, slow.backward, 0.0)
-               + hidden_behind(reduce, slow.backward, last_bucket))
-    return total, exposed
+        return reduce + gather, hidden_behind(reduce, slow.backward, last_bucket) + gather, 0.0, 0.0
+    per_micro_exposed = hidden_behind(gather, slow.forward, 0.0) + hidden_behind(gather, slow.backward, 0.0)
+    return reduce, hidden_behind(reduce, slow.backward, last_bucket), 2 * gather, per_micro_exposed
+
+
+def _dp_with_micro_batches(parts: tuple[Any, Any, Any, Any], m: Any) -> tuple[Any, Any]:
+    total, exposed, per_micro_total, per_micro_exposed = parts
+    return total + m * per_micro_total, exposed + m * per_micro_exposed
 
 
 def _optimizer_time(hw: Hardware, plan: Plan, params: Any) -> float:
@@ -299,7 +328,7 @@ def _consistency(plan: Plan, compute: Any, dp_total: Any, dp_exposed: Any) -> tu
     if plan.consistency == "sync":
         return compute + dp_exposed, 0
     staleness = plan.staleness if plan.consistency == "ssp" else max(plan.data_parallel - 1, 0)
-    return max(compute, dp_total), staleness
+    return mathx.maximum(compute, dp_total), staleness
 
 
 def step_flops(model: Model, plan: Plan, e: int) -> tuple[float, float, float]:

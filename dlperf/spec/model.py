@@ -24,6 +24,15 @@ CHOICE_ATTRS = {"algorithm": ("auto", "direct", "im2col", "winograd", "fft")}
 MAX_REPEAT = 10**6
 
 
+def _cached_hash(node: Any, key: tuple) -> int:
+    """Trees are hashed often (memoised stage costs are keyed by their layers); hash each node once."""
+    cached = node.__dict__.get("_hash")
+    if cached is None:
+        cached = hash(key)
+        object.__setattr__(node, "_hash", cached)
+    return cached
+
+
 @dataclass(frozen=True)
 class Seq:
     """Layers in sequence, the whole run `repeat` times (shape-preserving when repeat > 1)."""
@@ -31,6 +40,9 @@ class Seq:
     items: tuple[Node, ...]
     repeat: int = 1
     name: str = field(default="", compare=False)
+
+    def __hash__(self) -> int:
+        return _cached_hash(self, (self.items, self.repeat))
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,9 @@ class Branches:
     paths: tuple[Seq, ...]
     merge: Layer
     name: str = field(default="", compare=False)
+
+    def __hash__(self) -> int:
+        return _cached_hash(self, (self.paths, self.merge))
 
 
 Node = Layer | Seq | Branches
