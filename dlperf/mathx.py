@@ -44,30 +44,26 @@ def ceil(x: Any) -> Any:
     return math.ceil(x)
 
 
-def maximum(*xs: Any) -> Any:
+def _fold(xs: tuple[Any, ...], symbolic: str, elementwise: str, scalar: Any) -> Any:
+    """Max or min of several values in whichever world they live in (sympy, numpy or plain numbers)."""
     if _is_sympy(*xs):
         import sympy
 
-        return sympy.Max(*xs)
+        return getattr(sympy, symbolic)(*xs)
     if any(_is_array(x) for x in xs):
         out = xs[0]
         for x in xs[1:]:
-            out = _np().maximum(out, x)
+            out = getattr(_np(), elementwise)(out, x)
         return out
-    return max(xs)
+    return scalar(xs)
+
+
+def maximum(*xs: Any) -> Any:
+    return _fold(xs, "Max", "maximum", max)
 
 
 def minimum(*xs: Any) -> Any:
-    if _is_sympy(*xs):
-        import sympy
-
-        return sympy.Min(*xs)
-    if any(_is_array(x) for x in xs):
-        out = xs[0]
-        for x in xs[1:]:
-            out = _np().minimum(out, x)
-        return out
-    return min(xs)
+    return _fold(xs, "Min", "minimum", min)
 
 
 def where(cond: Any, a: Any, b: Any) -> Any:

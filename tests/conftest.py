@@ -4,6 +4,13 @@ from click.testing import CliRunner
 from dlperf.cli import cli
 
 
+@pytest.fixture(scope="module")
+def a100():
+    from dlperf.spec.hardware import load_hardware
+
+    return load_hardware("dgx-a100")
+
+
 @pytest.fixture
 def run():
     """Invoke the CLI the way a user would; returns (exit_code, stdout, stderr)."""

@@ -21,11 +21,6 @@ def gpt():
     return load_model("gpt", GPT_SMALL)
 
 
-@pytest.fixture(scope="module")
-def a100():
-    return load_hardware("dgx-a100")
-
-
 def scaled(hw, peak=1.0, mem=1.0, net=1.0):
     device = replace(hw.device, peak_flops={k: v * peak for k, v in hw.device.peak_flops.items()},
                      memory_bandwidth=hw.device.memory_bandwidth * mem)

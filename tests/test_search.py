@@ -38,11 +38,6 @@ def gpt():
 
 
 @pytest.fixture(scope="module")
-def a100():
-    return load_hardware("dgx-a100")
-
-
-@pytest.fixture(scope="module")
 def gpt_search(gpt, a100):
     return search(gpt, a100, 8, 32, max_memory=3 * 2**30, space=SMALL)
 
