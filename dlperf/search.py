@@ -146,11 +146,12 @@ def objective_value(ev: Any, objective: str, hw: Any) -> float:
     return ev.plan.devices * ev.step_time_s / 3600.0 * price
 
 
-def search(model: Any, hw: Any, devices: int, global_batch: int, *, objective: str = "time",
+def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, objective: str = "time",
            max_memory: float | None = None, base: Plan | None = None, space: SearchSpace = SearchSpace(),
-           progress: Callable[[Iterable], Any] | None = None) -> SearchResult:
-    """All valid plans on `devices` (with objective 'cost' also on the halvings devices/2, /4, ... since fewer
-    devices may cost less per step), keep those whose memory fits the device (and max_memory), rank."""
+           progress: Callable[[Iterable], Any] | None = None, max_step_time: float | None = None) -> SearchResult:
+    """All valid plans on `devices` (a count, or a list of counts to choose among; with objective 'cost' a
+    single count also tries its halvings devices/2, /4, ... since fewer devices may cost less per step), keep
+    those whose memory fits the device (and max_memory) and that meet max_step_time, rank."""
     import time
 
     if objective not in OBJECTIVES:
@@ -158,8 +159,12 @@ def search(model: Any, hw: Any, devices: int, global_batch: int, *, objective: s
     start = time.perf_counter()
     evaluator = _step_model(model, hw)
     limit = hw.device.memory if max_memory is None else min(max_memory, hw.device.memory)
-    counts = [devices] if objective == "time" else [d for d in _divisors(devices)
-                                                    if (devices // d) & (devices // d - 1) == 0]
+    if isinstance(devices, list):
+        counts = devices
+    elif objective == "time":
+        counts = [devices]
+    else:
+        counts = [d for d in _divisors(devices) if (devices // d) & (devices // d - 1) == 0]
     plans: list[Plan] = []
     node = hw.network[0].size or 1
     base = base or Plan()
@@ -174,7 +179,7 @@ def search(model: Any, hw: Any, devices: int, global_batch: int, *, objective: s
                 ev = evaluator.timeline(plan)
             except DlperfError:
                 continue
-            if ev.memory_bytes_per_device <= limit:
+            if ev.memory_bytes_per_device <= limit and (max_step_time is None or ev.step_time_s <= max_step_time):
                 fitting.append(ev)
     fitting.sort(key=lambda ev: (objective_value(ev, objective, hw), ev.memory_bytes_per_device))
     return SearchResult(fitting, len(plans), len(fitting), objective, hw, time.perf_counter() - start)

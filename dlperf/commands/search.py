@@ -26,9 +26,14 @@ def _memory_option(text: str | None) -> float | None:
 @click.argument("model")
 @click.argument("hardware")
 @set_option
-@click.option("--gpus", "devices", type=int, required=True, help="Number of devices to plan for.")
+@click.option("--gpus", "devices", required=True,
+              help="Number of devices to plan for, or a range/list (512..4096 = powers of two; 64,128,256) to "
+                   "find the best device count.")
 @click.option("--global-batch", type=int, required=True, help="Samples per step over all replicas.")
 @click.option("--top", type=int, default=5, show_default=True, help="How many of the best plans to show.")
+@click.option("--max-step-time", type=float, default=None,
+              help="Time budget: drop plans slower than this many seconds per step (with --objective cost, the "
+                   "cheapest plan that meets it).")
 @click.option("--max-memory", default=None, help="Per-device memory cap, e.g. '40 GiB' (default: the device's).")
 @click.option("--objective", type=click.Choice(["time", "cost"]), default="time", show_default=True,
               help="Rank by step time, or by cost per step (device-hours x price; also tries fewer devices).")
@@ -38,18 +43,20 @@ def _memory_option(text: str | None) -> float | None:
               help="Also try pipeline depths that do not divide the layer count (slower: balanced partition).")
 @click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's).")
 @format_option
-def search(model: str, hardware: str, sets: tuple[str, ...], devices: int, global_batch: int, top: int,
-           max_memory: str | None, objective: str, max_micro_batch: int, uneven_stages: bool, dtype: str | None,
-           fmt: str) -> None:
+def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, global_batch: int, top: int,
+           max_step_time: float | None, max_memory: str | None, objective: str, max_micro_batch: int,
+           uneven_stages: bool, dtype: str | None, fmt: str) -> None:
     """Enumerate parallel plans for MODEL on HARDWARE, keep those that fit, print the best."""
     from dlperf.plan import Plan
-    from dlperf.search import SearchSpace, terminal_progress
+    from dlperf.search import SearchSpace, parse_gpu_list, terminal_progress
     from dlperf.search import search as run
 
     spec, hw = _load(model, hardware, sets)
     space = SearchSpace(max_micro_batch=max_micro_batch, uneven_stages=uneven_stages)
-    result = run(spec, hw, devices, global_batch, objective=objective, max_memory=_memory_option(max_memory),
-                 base=Plan(dtype=dtype), space=space, progress=terminal_progress("searching plans"))
+    counts = parse_gpu_list(devices)
+    result = run(spec, hw, counts if len(counts) > 1 else counts[0], global_batch, objective=objective,
+                 max_memory=_memory_option(max_memory), base=Plan(dtype=dtype), space=space,
+                 progress=terminal_progress("searching plans"), max_step_time=max_step_time)
     rows = result.rows(top)
     summary = {"model": spec.name, "hardware": hw.name, "devices": devices, "global_batch": global_batch,
                "objective": objective, "considered": result.considered, "feasible": result.feasible,
@@ -64,8 +71,8 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: int, globa
              f"{result.considered:,} plans considered, {result.feasible:,} fit; best {len(rows)} by {objective}")
     plan_cols = ["rank", "dp", "tp", "pp", "micro_batch", "schedule", "virtual_stages", "zero", "recompute",
                  "sequence_parallel", "step_time_s", "samples_per_s", "memory_gib"]
-    if objective == "cost":
-        plan_cols = ["rank", "devices"] + plan_cols[1:] + ["cost_per_step"]
+    if objective == "cost" or len(counts) > 1:
+        plan_cols = ["rank", "devices"] + plan_cols[1:] + (["cost_per_step"] if objective == "cost" else [])
     click.echo(render(rows, "table", columns=plan_cols, title=title))
     if rows:
         short = [{"rank": r["rank"], **{k: r[k] for k in BREAKDOWN_COLUMNS}} for r in rows]
