@@ -273,3 +273,14 @@ def test_grid_marks_invalid_points():
     grid = engine.grid(base, np.array([1536, 1537, 4]))
     assert not np.isnan(grid["step_time_s"][0])
     assert np.isnan(grid["step_time_s"][1]) and np.isnan(grid["step_time_s"][2])  # not divisible; m < 1
+
+
+def test_search_over_a_device_range_with_a_time_budget(run):
+    code, out, _ = run("search", "gpt", "dgx-a100", *SETS, "--gpus", "4..8", "--global-batch", "32",
+                       "--objective", "cost", "--max-step-time", "0.5", "--top", "500", "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["plans"] and all(p["step_time_s"] <= 0.5 for p in data["plans"])
+    assert {p["devices"] for p in data["plans"]} <= {4, 8}
+    costs = [p["cost_per_step"] for p in data["plans"]]
+    assert costs == sorted(costs)
