@@ -112,3 +112,25 @@ def test_show_survey_columns_match_table_4():
     assert c1["survey_work"] == 6 * 28 * 28 * 1 * 5 * 5
     assert c1["survey_depth"] == 0 + 3 + 3
     assert c1["forward_flops"] == 2 * c1["survey_work"] + 6 * 28 * 28  # exact count adds the bias
+
+
+def test_elasticities_are_the_derivatives_of_the_closed_form():
+    import sympy
+
+    from dlperf.engine.symbolic import F, F32, LAM, M, elasticities, step_time_expr
+    from dlperf.spec.hardware import load_hardware
+
+    model = load_model("gpt", {"layers": 2, "hidden": 256, "heads": 4, "seq": 128, "vocab": 1000})
+    hw = load_hardware("dgx-a100")
+    numeric = elasticities(model, hw, "fp16", 4)
+    expr = step_time_expr(model, hw, "fp16")
+    values = {B: 4, F: hw.device.peak("fp16"), F32: hw.device.peak("fp32"), M: hw.device.memory_bandwidth,
+              LAM: hw.device.launch_latency}
+    t = float(expr.subs(values))
+    assert numeric["T_value"] == pytest.approx(t, rel=1e-5)  # the closed form prints constants to 4 digits
+    for symbol, label in ((F, "peak FLOP/s (F)"), (M, "memory bandwidth (M)"), (LAM, "launch latency (lam)")):
+        h = 1e-6  # central difference of the sympy expression in ln X
+        up = float(expr.subs({**values, symbol: values[symbol] * (1 + h)}))
+        down = float(expr.subs({**values, symbol: values[symbol] * (1 - h)}))
+        assert numeric[label] == pytest.approx((up - down) / (2 * h * t), abs=1e-4)
+    assert isinstance(expr, sympy.Expr)

@@ -151,4 +151,16 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
     lines.append("sensitivities (each computed by re-predicting with that one constant or knob changed):")
     width = max(len(row["change"]) for row in rows)
     lines += [f"  {row['change']:<{width}} -> {format_change(row['step_time_change'])} step time" for row in rows]
+    lines += _closed_form_lines(spec, hw, plan, p["dtype"])
     click.echo("\n".join(lines))
+
+
+def _closed_form_lines(spec: Any, hw: Any, plan: Any, dtype: str) -> list[str]:
+    """The one-device closed form of a micro-batch's compute and its symbolic elasticities d ln T / d ln X."""
+    from dlperf.engine.symbolic import elasticities
+
+    forms = elasticities(spec, hw, dtype, plan.micro)
+    lines = [f"closed form T(B) (one device, forward+backward of a micro-batch, B = {plan.micro}: "
+             f"{forms['T_value']:.4g} s; `dlperf predict --symbolic` prints it), its derivatives:"]
+    lines += [f"  d ln T / d ln {label:<26} = {value:+.3f}" for label, value in forms.items() if label != "T_value"]
+    return lines

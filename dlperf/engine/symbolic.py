@@ -70,3 +70,57 @@ def closed_form_text(model: Model, hw: Hardware, plan: Any, latex: bool = False)
         text = sympy.latex(value) if latex else sympy.sstr(value)
         lines.append(f"{name} = {text}")
     return "\n".join(lines)
+
+
+def elasticities(model: Model, hw: Hardware, dtype: str, batch: int) -> dict[str, float]:
+    """d ln T / d ln X of the one-device closed form T(B) at B = batch, for X in F, F32, M, lam.
+
+    The derivative is taken term by term, as sympy would: each kernel phase is Max(compute, memory) + n*lam, so
+    X dT/dX is -(the active branch's size / rate) when X is that branch's rate, and n*lam for the latency. Done
+    in floats because differentiating the whole expression in sympy takes seconds for a ResNet.
+    """
+    e = element_bytes(dtype)
+    top = max(hw.device.peak_flops.values())
+    shares = {"peak FLOP/s (F)": 0.0, "element-wise FLOP/s (F32)": 0.0, "memory bandwidth (M)": 0.0,
+              "launch latency (lam)": 0.0}
+    total = 0.0
+    for layer, count in model.counted():
+        for kernel in use_kernels(Use(layer, count, False), batch, e, hw, dtype, 1):
+            for flops, nbytes, launches in _phases(kernel):
+                compute, memory, rate_name = _branches(kernel, flops, nbytes, launches, hw, dtype, top)
+                latency = launches * hw.device.launch_latency
+                total += count * (max(compute, memory) + latency)
+                shares["launch latency (lam)"] += count * latency
+                if compute >= memory and flops:
+                    shares[rate_name] -= count * _rate_part(flops, kernel, hw, dtype)
+                elif nbytes:
+                    shares["memory bandwidth (M)"] -= count * nbytes / (hw.device.memory_bandwidth *
+                                                                       hw.device.eff("memory").peak)
+    return {"T_value": total, **{k: v / total for k, v in shares.items()}}
+
+
+def _phases(kernel: Any) -> list[tuple[Any, Any, Any]]:
+    """(FLOPs, bytes, launches) of the forward and backward phases that do any work."""
+    c = kernel.cost
+    phases = [(c.fwd_flops, c.fwd_bytes, kernel.launches),
+              (c.bwd_data_flops + c.bwd_weight_flops, c.bwd_bytes, 2 * kernel.launches)]
+    return [(f, b, n) for f, b, n in phases if f or b]
+
+
+def _branches(kernel: Any, flops: Any, nbytes: Any, launches: Any, hw: Hardware, dtype: str,
+              top: float) -> tuple[float, float, str]:
+    from dlperf.engine.device import hockney_time
+
+    matrix = kernel.cls in ("matmul", "conv")
+    peak = hw.device.peak(dtype) if matrix else hw.device.peak("fp32")
+    eff = hw.device.eff(kernel.cls if matrix else "memory")
+    compute = float(hockney_time(flops, launches, peak, eff, top)) if flops else 0.0
+    memory = float(hockney_time(nbytes, launches, hw.device.memory_bandwidth, hw.device.eff("memory"))) if nbytes \
+        else 0.0
+    return compute, memory, "peak FLOP/s (F)" if matrix else "element-wise FLOP/s (F32)"
+
+
+def _rate_part(flops: Any, kernel: Any, hw: Hardware, dtype: str) -> float:
+    matrix = kernel.cls in ("matmul", "conv")
+    peak = hw.device.peak(dtype) if matrix else hw.device.peak("fp32")
+    return float(flops) / (peak * hw.device.eff(kernel.cls if matrix else "memory").peak)
