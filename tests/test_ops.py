@@ -117,7 +117,7 @@ def test_show_survey_columns_match_table_4():
 def test_elasticities_are_the_derivatives_of_the_closed_form():
     import sympy
 
-    from dlperf.engine.symbolic import F, F32, LAM, M, elasticities, step_time_expr
+    from dlperf.engine.symbolic import F32, LAM, F, M, elasticities, step_time_expr
     from dlperf.spec.hardware import load_hardware
 
     model = load_model("gpt", {"layers": 2, "hidden": 256, "heads": 4, "seq": 128, "vocab": 1000})
