@@ -134,3 +134,19 @@ def test_elasticities_are_the_derivatives_of_the_closed_form():
         down = float(expr.subs({**values, symbol: values[symbol] * (1 - h)}))
         assert numeric[label] == pytest.approx((up - down) / (2 * h * t), abs=1e-4)
     assert isinstance(expr, sympy.Expr)
+
+
+def test_closed_form_equals_numeric_single_device_compute():
+    """The sympy step-time expression at B = b equals the engine's forward+backward compute at micro-batch b."""
+    from dlperf.engine import predict
+    from dlperf.engine.symbolic import F, F32, LAM, M, step_time_expr
+    from dlperf.plan import Plan
+    from dlperf.spec.hardware import load_hardware
+
+    model, hw = load_model("resnet50"), load_hardware("dgx1-v100")
+    expr = step_time_expr(model, hw, "fp32", choose_at=16)
+    values = {B: 16, F: hw.device.peak("fp32"), F32: hw.device.peak("fp32"), M: hw.device.memory_bandwidth,
+              LAM: hw.device.launch_latency}
+    breakdown = predict(model, hw, Plan(global_batch=16, dtype="fp32")).breakdown_s
+    compute = breakdown["compute/forward"] + breakdown["compute/backward"]
+    assert float(expr.subs(values)) == pytest.approx(compute, rel=1e-5)

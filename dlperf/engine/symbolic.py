@@ -13,20 +13,26 @@ import sympy
 
 from dlperf.engine.device import startup_time
 from dlperf.engine.layers import Use, element_bytes
-from dlperf.engine.stage import use_kernels
+from dlperf.engine.stage import conv_choice, use_kernels
 from dlperf.engine.work import model_cost
+from dlperf.ops.conv import algorithm_kernel
 from dlperf.spec.hardware import Hardware
 from dlperf.spec.model import Model
 
 B, F, F32, M, LAM = sympy.symbols("B F F32 M lam", positive=True)
 
 
-def step_time_expr(model: Model, hw: Hardware, dtype: str) -> Any:
-    """Single-device step time in B, F, F32, M, lam (forward + backward; Hockney efficiency per kernel)."""
+def step_time_expr(model: Model, hw: Hardware, dtype: str, choose_at: int = 1) -> Any:
+    """Single-device step time in B, F, F32, M, lam (forward + backward; Hockney efficiency per kernel).
+    Convolution algorithms left on `auto` are those cuDNN-style choice picks at B = choose_at."""
     e = element_bytes(dtype)
     total = sympy.Integer(0)
     for layer, count in model.counted():
-        for kernel in use_kernels(Use(layer, count, False), B, e, hw, dtype, 1):
+        use = Use(layer, count, False)
+        kernels = use_kernels(use, B, e, hw, dtype, 1)
+        if layer.op == "conv2d":
+            kernels[0] = algorithm_kernel(layer, conv_choice(use, choose_at, e, hw, dtype, 1)[1], B, e)
+        for kernel in kernels:
             total += count * _kernel_expr(kernel, hw)
     return total
 
@@ -50,16 +56,16 @@ def _kernel_expr(kernel: Any, hw: Hardware) -> Any:
     return out
 
 
-def closed_form(model: Model, hw: Hardware, dtype: str) -> dict[str, Any]:
+def closed_form(model: Model, hw: Hardware, dtype: str, choose_at: int = 1) -> dict[str, Any]:
     cost = model_cost(model, B, dtype)
     work, depth = sympy.expand(cost.work), sympy.expand(cost.total_depth)
-    return {"T_step": step_time_expr(model, hw, dtype), "W": work, "D": depth,
+    return {"T_step": step_time_expr(model, hw, dtype, choose_at), "W": work, "D": depth,
             "W/D": sympy.simplify(work / depth)}
 
 
 def closed_form_text(model: Model, hw: Hardware, plan: Any, latex: bool = False) -> str:
     dtype = plan.dtype or model.dtype
-    forms = closed_form(model, hw, dtype)
+    forms = closed_form(model, hw, dtype, plan.micro)
     values = {F: hw.device.peak(dtype), F32: hw.device.peak("fp32"), M: hw.device.memory_bandwidth,
               LAM: hw.device.launch_latency}
     lines = [f"# {model.name} on one {hw.device.name} ({dtype}); B = samples per step, F = {values[F]:.4g} FLOP/s,"
