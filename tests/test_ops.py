@@ -139,7 +139,7 @@ def test_elasticities_are_the_derivatives_of_the_closed_form():
 def test_closed_form_equals_numeric_single_device_compute():
     """The sympy step-time expression at B = b equals the engine's forward+backward compute at micro-batch b."""
     from dlperf.engine import predict
-    from dlperf.engine.symbolic import F, F32, LAM, M, step_time_expr
+    from dlperf.engine.symbolic import F32, LAM, F, M, step_time_expr
     from dlperf.plan import Plan
     from dlperf.spec.hardware import load_hardware
 
