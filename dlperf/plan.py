@@ -84,6 +84,8 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
         _choice("dtype", plan.dtype, DTYPES)
     if plan.zero not in (0, 1, 2, 3):
         raise PlanError("zero", expected="0, 1, 2 or 3", found=plan.zero)
+    if plan.dp is None and plan.devices % (plan.tp * plan.pp):
+        raise PlanError(f"tp*pp = {plan.tp * plan.pp} must divide the device count {plan.devices}")
     dp = plan.data_parallel
     if dp < 1 or dp * plan.tp * plan.pp != plan.devices:
         raise PlanError(f"dp*tp*pp must equal the device count: {dp}*{plan.tp}*{plan.pp} != {plan.devices}")

@@ -138,3 +138,13 @@ def test_single_gpu_throughput_within_15_percent(request, model, sets, hardware,
         request.applymarker(pytest.mark.xfail(strict=True, reason=miss))
     result = predict(load_model(model, sets), load_hardware(hardware), Plan(global_batch=batch, dtype=dtype))
     assert result.throughput_samples_per_s == pytest.approx(measured, rel=0.15)
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--gpus", "8", "--tp", "16"), "tp*pp = 16 must divide the device count 8"),
+    (("--gpus", "0"), "devices must be a positive integer"),
+    (("--gpus", "8", "--dp", "3", "--tp", "2"), "dp*tp*pp must equal"),
+])
+def test_bad_degrees_on_cli_exit_2(run, args, message):
+    code, _, err = run("predict", "gpt", "dgx-a100", *args)
+    assert code == 2 and message in err

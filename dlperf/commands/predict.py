@@ -56,7 +56,8 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
     from dlperf.plan import Plan
 
     tp, pp, dp = opts.get("tp"), opts.get("pp"), opts.get("dp")
-    devices = opts.get("devices") or (dp or 1) * (tp or 1) * (pp or 1)
+    devices = opts.get("devices")
+    devices = (dp or 1) * (tp or 1) * (pp or 1) if devices is None else devices
     notes = []
     batch = opts.get("global_batch")
     if batch is None:
