@@ -35,6 +35,7 @@ class Plan:
     optimizer: str = "adam"
     parameter_server: int = 0            # >0: data parallelism through that many sharded servers instead
     grad_dtype: str | None = None        # None = the compute dtype's storage type
+    hybrid_fc: bool = False              # Krizhevsky 2014: data-parallel convolutions, model-parallel FC head
 
     @property
     def data_parallel(self) -> int:
@@ -105,6 +106,8 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
             raise PlanError(f"interleaved 1F1B needs micro-batches ({plan.micro_batches}) divisible by pp={plan.pp}")
     elif plan.virtual_stages != 1:
         raise PlanError("virtual stages need --schedule interleaved")
+    if plan.hybrid_fc and (plan.tp > 1 or plan.pp > 1):
+        raise PlanError("--hybrid-fc spreads the fully connected head over all devices: it needs tp = pp = 1")
     if plan.sequence_parallel and plan.tp == 1:
         raise PlanError("sequence parallelism needs tp > 1")
     if plan.consistency == "sync" and plan.staleness:

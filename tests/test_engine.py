@@ -148,3 +148,19 @@ def test_single_gpu_throughput_within_15_percent(request, model, sets, hardware,
 def test_bad_degrees_on_cli_exit_2(run, args, message):
     code, _, err = run("predict", "gpt", "dgx-a100", *args)
     assert code == 2 and message in err
+
+
+def test_one_weird_trick_allreduces_only_the_convolutions():
+    # Krizhevsky 2014: data-parallel convolutions (few parameters), model-parallel FC layers (most of them).
+    model, hw = load_model("alexnet"), load_hardware("dgx1-v100")
+    data = predict(model, hw, Plan(devices=8, global_batch=1024, optimizer="momentum", overlap=False))
+    hybrid = predict(model, hw, Plan(devices=8, global_batch=1024, optimizer="momentum", overlap=False,
+                                     hybrid_fc=True))
+    assert hybrid.breakdown_s["comm/dp_allreduce"] < 0.1 * data.breakdown_s["comm/dp_allreduce"]
+    assert hybrid.breakdown_s["comm/tp"] > 0 and data.breakdown_s["comm/tp"] == 0
+    assert hybrid.memory["weights"] < 0.2 * data.memory["weights"]  # the FC weights are split 8 ways
+
+
+def test_hybrid_fc_needs_plain_data_parallel_degrees(run):
+    code, _, err = run("predict", "alexnet", "dgx1-v100", "--gpus", "8", "--tp", "2", "--hybrid-fc")
+    assert code == 2 and "hybrid-fc" in err

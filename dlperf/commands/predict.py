@@ -40,6 +40,8 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--consistency", type=click.Choice(["sync", "ssp", "async"]), default="sync",
                      show_default=True, help="Synchronous, stale-synchronous or asynchronous SGD."),
         click.option("--staleness", type=int, default=0, show_default=True, help="SSP staleness bound."),
+        click.option("--hybrid-fc", is_flag=True,
+                     help="Krizhevsky's 'one weird trick': data-parallel convolutions, model-parallel FC layers."),
         click.option("--parameter-server", type=int, default=0, show_default=True,
                      help="Use N sharded parameter servers instead of allreduce (0 = allreduce)."),
         click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam"]), default="adam",
@@ -70,6 +72,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         overlap=False if opts.get("no_overlap") else None, compression=opts.get("compression", "none"),
         consistency=opts.get("consistency", "sync"), staleness=opts.get("staleness", 0),
         parameter_server=opts.get("parameter_server", 0), optimizer=opts.get("optimizer", "adam"),
+        hybrid_fc=opts.get("hybrid_fc", False),
         dtype=opts.get("dtype"),
     )
     if tp is None and pp is None and dp is None and devices > 1:

@@ -31,6 +31,21 @@ class StageCost:
     saved_bytes: Any = 0.0          # activations kept for backward, per micro-batch
     block_input_bytes: Any = 0.0    # what full recomputation keeps instead
     per_type: dict[str, Any] = field(default_factory=dict)
+    synced_params: Any = None       # parameters data parallelism allreduces (None: all of `params`)
+
+    @property
+    def dp_params(self) -> Any:
+        return self.params if self.synced_params is None else self.synced_params
+
+    def __add__(self, other: StageCost) -> StageCost:
+        """Two parts of one device's work run one after the other (e.g. the convolutional body and the head)."""
+        names = ("forward", "backward", "recompute", "tp_comm_fwd", "tp_comm_bwd", "params", "flops",
+                 "saved_bytes", "block_input_bytes")
+        out = StageCost(**{n: getattr(self, n) + getattr(other, n) for n in names})
+        for part in (self, other):
+            for key, value in part.per_type.items():
+                out.per_type[key] = out.per_type.get(key, 0.0) + value
+        return out
 
     @property
     def total(self) -> Any:

@@ -94,7 +94,11 @@ class StepModel:
     def stages(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
         """(every stage's cost, the slowest stage, the most parameters on one device, the largest activation
         crossing a stage boundary per sample)."""
-        key = (plan.tp, plan.pp, plan.sequence_parallel, plan.recompute, plan.micro, dtype)
+        key = (plan.tp, plan.pp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.hybrid_fc,
+               plan.data_parallel)
+        if key not in self._stages and plan.hybrid_fc:
+            part = self._hybrid_fc(plan, dtype, e)
+            self._stages[key] = ([part], part, part.params, 0)
         if key not in self._stages:
             nodes = self._partition(plan, dtype, e)
             stages = [self._cost_of(n, plan, dtype, e) for n in nodes]
@@ -111,6 +115,24 @@ class StepModel:
             self._cost[key] = stage_cost(self._uses[uses_key], plan.micro, e, self.hw, dtype, plan.tp,
                                          plan.sequence_parallel, plan.recompute, _tp_comm_fn(self.comm, self.hw, plan))
         return self._cost[key]
+
+    def _hybrid_fc(self, plan: Plan, dtype: str, e: int) -> StageCost:
+        """Krizhevsky's "one weird trick" (2014; survey section 6): the convolutional body is data-parallel on
+        B/N samples per device, the fully connected head is model-parallel over all N devices on the whole batch
+        B, and the body's outputs are allgathered in between (and their gradients reduce-scattered back). Only
+        the body's parameters are allreduced."""
+        items = list(self.model.root.items)
+        cut = _head_start(items)
+        n = plan.data_parallel
+        body = self._cost_of(items[:cut], plan, dtype, e)
+        head = self._cost_of(items[cut:], plan.with_(tp=n, dp=1, micro_batch=plan.micro * n), dtype, e)
+        boundary = e * plan.micro * n * numel(out_shape(items[cut - 1], self.model.input_shape)) if cut else 0
+        group = self.comm.Group(n, 1)
+        exchange = StageCost(tp_comm_fwd=self.comm.collective_time("allgather", boundary, group, self.hw),
+                             tp_comm_bwd=self.comm.collective_time("reduce_scatter", boundary, group, self.hw))
+        whole = body + head + exchange
+        whole.synced_params = body.params
+        return whole
 
     def _partition(self, plan: Plan, dtype: str, e: int) -> list[list[Any]]:
         """Megatron's uniform split over the repeated block where it applies, else balanced by time."""
@@ -214,6 +236,15 @@ class StepModel:
         )
 
 
+def _head_start(items: list[Any]) -> int:
+    """Index of the first top-level item after the last one that contains a convolution."""
+    from dlperf.spec.model import walk
+
+    last = max((i for i, item in enumerate(items) if any(layer.op == "conv2d" for layer, _ in walk(item, 1))),
+               default=-1)
+    return last + 1
+
+
 def recompute_share(plan: Plan, m: Any = None) -> Any:
     """Fraction of micro-batches whose forward pass is rerun: all, or all but the last for torchgpipe's
     checkpoint='except_last' (Kim et al. 2020, torchgpipe, section 3.2.2)."""
@@ -279,7 +310,10 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -
     dp = plan.data_parallel
     if dp == 1:
         return 0.0, 0.0, 0.0, 0.0
-    grad_bytes = slow.params * element_bytes(plan.grad_dtype or ("fp32" if dtype in ("fp32", "tf32") else dtype))
+    params = slow.dp_params
+    if dp == 1 or not params:
+        return 0.0, 0.0, 0.0, 0.0
+    grad_bytes = params * element_bytes(plan.grad_dtype or ("fp32" if dtype in ("fp32", "tf32") else dtype))
     group = comm.Group(dp, plan.tp)
     overlap = plan.overlap if plan.overlap is not None else plan.pp == 1
 
@@ -291,7 +325,7 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -
         total = comm.collective_time("allreduce", grad_bytes, group, hw, f"ps:{plan.parameter_server}")
         return total, hidden_behind(total, slow.backward, last_bucket), 0.0, 0.0
     if plan.compression != "none":
-        total = comm.compressed_allreduce_time(slow.params, grad_bytes / slow.params, plan.compression, group,
+        total = comm.compressed_allreduce_time(params, grad_bytes / params, plan.compression, group,
                                                hw)[0]
         return total, hidden_behind(total, slow.backward, last_bucket), 0.0, 0.0
     if plan.zero == 0:
