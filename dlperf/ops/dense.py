@@ -144,8 +144,14 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
                      depth=core.depth, bwd_depth=core.bwd_depth)
         return (*projections, Kernel("flash_attention", "matmul", fused), out_proj)
     score_bytes = e * scores
+    # Splitting Q, K, V into heads and merging the context back are transposed copies in unfused
+    # implementations (PyTorch's multi-head attention makes each contiguous): read + write of q, k, v and the
+    # output, forward and backward.
+    heads_bytes = 2 * (qkv_bytes + e * batch * s * h * hd)
     kernels = [
         *projections,
+        Kernel("head_transposes", "memory", Cost(fwd_bytes=heads_bytes, bwd_bytes=heads_bytes, depth=1, bwd_depth=1),
+               launches=4),
         Kernel("scores", "matmul", qk + Cost(fwd_bytes=qkv_bytes * 2 / 3 + score_bytes,
                                               bwd_bytes=2 * score_bytes + 2 * qkv_bytes)),
         Kernel("softmax", "memory", softmax + Cost(fwd_bytes=2 * score_bytes, bwd_bytes=3 * score_bytes)),
