@@ -1,7 +1,11 @@
 """Wall time of `dlperf calibrate --quick` and the figures it must get right: the fitted fp32 GEMM rate against the
 best measured one (and its R^2), and the fitted memory bandwidth against a plain numpy copy timed here.
 
-    .venv/bin/python benchmarks/bench_calibrate.py [--full] [--backend auto|numpy|torch] [--threads N]
+    .venv/bin/python benchmarks/bench_calibrate.py [--full] [--backend auto|numpy|torch] [--threads N] [--check N]
+
+--check N then runs `dlperf calibrate --check --quick` N times (torch needed) and prints every row's error and
+each run's median: the proof that a calibrated file predicts real training steps. It is a benchmark, not a test,
+because it times real steps and a shared 2-core machine makes single runs noisy.
 
 The command runs as a user would run it (a fresh process, JSON output), so the wall time includes start-up.
 """
@@ -38,7 +42,11 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="time the full sweep instead of --quick")
     parser.add_argument("--backend", default="auto", help="auto | numpy | torch")
     parser.add_argument("--threads", type=int, default=None, help="threads for the calibration")
+    parser.add_argument("--check", type=int, default=0, help="also run `calibrate --check --quick` N times")
     args = parser.parse_args()
+    if args.check:
+        check_runs(args.check)
+        return
 
     before = numpy_copy_bandwidth()
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,6 +78,22 @@ def main() -> None:
     print(f"  memory bandwidth {bandwidth / 1e9:.2f} GB/s (copy fit R^2 {copy['r2']}); plain numpy copy of 256 MiB "
           f"{numpy_copy / 1e9:.2f} GB/s (before {before / 1e9:.2f}, after {after / 1e9:.2f}); "
           f"ratio {bandwidth / numpy_copy:.3f}")
+
+
+def check_runs(n: int) -> None:
+    """Run the calibration check n times; print each row's error and each run's median |error|."""
+    medians = []
+    for run in range(n):
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "dlperf", "calibrate", "--check", "--quick", "-o", str(Path(tmp) / "c.yaml")]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        lines = [line for line in proc.stdout.splitlines()
+                 if line.startswith(("mlp ", "cnn ", "transformer ", "--check"))]
+        print(f"run {run + 1} (exit {proc.returncode}, load {os.getloadavg()[0]:.2f}):")
+        print("\n".join("  " + line for line in lines))
+        medians += [float(line.split()[-1].rstrip("%")) for line in lines if line.startswith("--check")]
+    if medians:
+        print(f"median |error| per run: {', '.join(f'{m:.1f}%' for m in medians)}")
 
 
 def _rate(text: str) -> float:

@@ -95,3 +95,4 @@ def test_check_rows_and_verdict(tmp_path):
     pred = check.predict_step("mlp", load_hardware(tmp_path / "hw.yaml"), 1, 16)
     assert math.isfinite(pred.step_time_s) and pred.step_time_s > 0
     assert hw.name == "hw"
+

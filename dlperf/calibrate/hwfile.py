@@ -23,6 +23,7 @@ ratio so that every efficiency stays <= 1.)
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -87,10 +88,30 @@ def device_constants(cal: Calibration) -> DeviceConstants:
     fraction = min(1.0, elementwise.rate / copy.rate)
     efficiency["memory"] = Curve(fraction, max(elementwise.t0 - launch, 0.0) * copy.rate * fraction,
                                  _fit_note(cal, "memory elementwise") + " (rate relative to copy)")
+    transcendental = _transcendental_curve(cal, copy.rate, launch)
+    if transcendental is not None:
+        efficiency["transcendental"] = transcendental
     comments["memory_bandwidth"] = (f"STREAM copy at working sets >= {format_quantity(cal.dram_floor, 'bytes')}; "
                                     + _fit_note(cal, "memory copy"))
     comments["launch_latency"] = "median of a one-element op" if cal.launch else "not measured: dlperf default"
     return DeviceConstants(peak_flops, copy.rate, launch, efficiency, comments)
+
+
+TRANSCENDENTAL_FAMILIES = ("gelu", "tanh", "softmax")
+
+
+def _transcendental_curve(cal: Calibration, copy_rate: float, launch: float) -> Curve | None:
+    """The curve for exp/tanh-bound element-wise kernels (GELU, tanh, softmax; the engine's 'transcendental'
+    class): the median of their measured rates relative to copy, and their median startup time."""
+    fits = [cal.fit(f"memory {f}") for f in TRANSCENDENTAL_FAMILIES if cal.has(f"memory {f}")]
+    if not fits:
+        return None
+    rates = sorted(f.rate for f in fits)
+    fraction = min(1.0, rates[len(rates) // 2] / copy_rate)
+    t0 = sorted(f.t0 for f in fits)[len(fits) // 2]
+    names = "/".join(f for f in TRANSCENDENTAL_FAMILIES if cal.has(f"memory {f}"))
+    return Curve(fraction, max(t0 - launch, 0.0) * copy_rate * fraction,
+                 f"median of the memory {names} fits (rate relative to copy)")
 
 
 def _q(value: float, kind: str) -> str:
@@ -106,11 +127,11 @@ def _scalar(value: Any) -> str:
 def _efficiency_lines(curves: dict[str, Curve]) -> list[str]:
     lines = ["  efficiency:"]
     for cls, c in curves.items():
-        kind = "bytes" if cls == "memory" else "flops"
+        kind = "bytes" if cls in ("memory", "transcendental") else "flops"
         fields = [f"peak: {min(1.0, round(c.peak, 4)) or 1e-4:g}"]
         if c.half > 0:
             fields.append(f"half: {_q(c.half, kind)}")
-        fields.append(f"source: {_scalar(c.source)}")
+        fields.append(f"source: {json.dumps(c.source)}")  # double-quoted: safe inside a flow mapping
         lines.append(f"    {cls}: {{{', '.join(fields)}}}")
     return lines
 

@@ -35,14 +35,24 @@ def hockney_time(size: Any, launches: Any, rate: float, eff: Efficiency, top_rat
     return launches * startup_time(eff, top_rate or rate) + size / (rate * eff.peak)
 
 
+def memory_efficiency(device: Device, cls: str) -> Efficiency:
+    """Element-wise kernels built on exp/tanh (softmax, GELU, the loss) have their own measured curve when
+    calibration wrote one; every other kernel streams at the plain element-wise rate."""
+    return device.eff("transcendental" if cls == "transcendental" else "memory")
+
+
+def compute_efficiency(device: Device, cls: str) -> Efficiency:
+    return device.eff(cls) if cls in MATRIX_CLASSES else memory_efficiency(device, cls)
+
+
 def phase_time(flops: Any, nbytes: Any, launches: Any, cls: str, device: Device, dtype: str) -> Any:
     """Roofline time of one phase of one kernel (max of compute and memory time) plus launch overhead."""
     if _is_zero(flops) and _is_zero(nbytes):
         return 0.0
     peak = device.peak(dtype) if cls in MATRIX_CLASSES else device.peak("fp32")
     top = max(device.peak_flops.values())
-    compute = hockney_time(flops, launches, peak, device.eff(cls if cls in MATRIX_CLASSES else "memory"), top)
-    memory = hockney_time(nbytes, launches, device.memory_bandwidth, device.eff("memory"))
+    compute = hockney_time(flops, launches, peak, compute_efficiency(device, cls), top)
+    memory = hockney_time(nbytes, launches, device.memory_bandwidth, memory_efficiency(device, cls))
     return mathx.maximum(compute, memory) + launches * device.launch_latency
 
 

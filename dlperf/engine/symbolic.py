@@ -11,7 +11,7 @@ from typing import Any
 
 import sympy
 
-from dlperf.engine.device import startup_time
+from dlperf.engine.device import compute_efficiency, memory_efficiency, startup_time
 from dlperf.engine.layers import Use, element_bytes
 from dlperf.engine.stage import conv_choice, use_kernels
 from dlperf.engine.work import model_cost
@@ -41,8 +41,8 @@ def _kernel_expr(kernel: Any, hw: Hardware) -> Any:
     c = kernel.cost
     matrix = kernel.cls in ("matmul", "conv")
     peak = F if matrix else F32
-    eff_c = hw.device.eff(kernel.cls if matrix else "memory")
-    eff_m = hw.device.eff("memory")
+    eff_c = compute_efficiency(hw.device, kernel.cls)
+    eff_m = memory_efficiency(hw.device, kernel.cls)
     out = sympy.Integer(0)
     for flops, nbytes, launches in ((c.fwd_flops, c.fwd_bytes, kernel.launches),
                                     (c.bwd_data_flops + c.bwd_weight_flops, c.bwd_bytes, 2 * kernel.launches)):
@@ -100,8 +100,8 @@ def elasticities(model: Model, hw: Hardware, dtype: str, batch: int) -> dict[str
                 if compute >= memory and flops:
                     shares[rate_name] -= count * _rate_part(flops, kernel, hw, dtype)
                 elif nbytes:
-                    shares["memory bandwidth (M)"] -= count * nbytes / (hw.device.memory_bandwidth *
-                                                                       hw.device.eff("memory").peak)
+                    shares["memory bandwidth (M)"] -= count * nbytes / (
+                        hw.device.memory_bandwidth * memory_efficiency(hw.device, kernel.cls).peak)
     return {"T_value": total, **{k: v / total for k, v in shares.items()}}
 
 
@@ -119,14 +119,14 @@ def _branches(kernel: Any, flops: Any, nbytes: Any, launches: Any, hw: Hardware,
 
     matrix = kernel.cls in ("matmul", "conv")
     peak = hw.device.peak(dtype) if matrix else hw.device.peak("fp32")
-    eff = hw.device.eff(kernel.cls if matrix else "memory")
+    eff = compute_efficiency(hw.device, kernel.cls)
+    memory_eff = memory_efficiency(hw.device, kernel.cls)
     compute = float(hockney_time(flops, launches, peak, eff, top)) if flops else 0.0
-    memory = float(hockney_time(nbytes, launches, hw.device.memory_bandwidth, hw.device.eff("memory"))) if nbytes \
-        else 0.0
+    memory = float(hockney_time(nbytes, launches, hw.device.memory_bandwidth, memory_eff)) if nbytes else 0.0
     return compute, memory, "peak FLOP/s (F)" if matrix else "element-wise FLOP/s (F32)"
 
 
 def _rate_part(flops: Any, kernel: Any, hw: Hardware, dtype: str) -> float:
     matrix = kernel.cls in ("matmul", "conv")
     peak = hw.device.peak(dtype) if matrix else hw.device.peak("fp32")
-    return float(flops) / (peak * hw.device.eff(kernel.cls if matrix else "memory").peak)
+    return float(flops) / (peak * compute_efficiency(hw.device, kernel.cls).peak)

@@ -94,9 +94,10 @@ def need_rank(shape: Shape, rank: int | tuple[int, ...], op: str) -> None:
 
 
 def elementwise_kernel(name: str, n: Any, e: int, flops_per: float, bwd_flops_per: float,
-                       reads: float = 1, bwd_reads: float = 2) -> Kernel:
-    """A memory-bound kernel over n elements: reads `reads` tensors and writes one (backward: reads, writes dx)."""
-    return Kernel(name, "memory", Cost(
+                       reads: float = 1, bwd_reads: float = 2, cls: str = "memory") -> Kernel:
+    """A memory-bound kernel over n elements: reads `reads` tensors and writes one (backward: reads, writes dx).
+    `cls` is 'transcendental' for kernels built on exp/tanh, which calibration may time apart."""
+    return Kernel(name, cls, Cost(
         fwd_flops=flops_per * n, bwd_data_flops=bwd_flops_per * n,
         fwd_bytes=e * n * (reads + 1), bwd_bytes=e * n * (bwd_reads + 1),
         depth=1, bwd_depth=1,

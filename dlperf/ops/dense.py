@@ -154,7 +154,7 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
                launches=4),
         Kernel("scores", "matmul", qk + Cost(fwd_bytes=qkv_bytes * 2 / 3 + score_bytes,
                                               bwd_bytes=2 * score_bytes + 2 * qkv_bytes)),
-        Kernel("softmax", "memory", softmax + Cost(fwd_bytes=2 * score_bytes, bwd_bytes=3 * score_bytes)),
+        Kernel("softmax", "transcendental", softmax + Cost(fwd_bytes=2 * score_bytes, bwd_bytes=3 * score_bytes)),
     ]
     if layer["dropout"]:
         # dropout on the attention probabilities as its own pass (Megatron-LM 2021, BERT, GPT-2): reads and
@@ -218,7 +218,7 @@ ATTENTION = OpRule(
 def _cross_entropy_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     n = batch * numel(layer.in_shape)
     # softmax over classes (max, exp, sum, divide ~ 5 FLOPs/element) + log-likelihood; backward p - onehot.
-    return (Kernel("softmax_nll", "memory", Cost(
+    return (Kernel("softmax_nll", "transcendental", Cost(
         fwd_flops=5 * n, bwd_data_flops=n, fwd_bytes=2 * e * n, bwd_bytes=2 * e * n,
         depth=2 * clog2(layer.in_shape[-1]), bwd_depth=1,
     )),)

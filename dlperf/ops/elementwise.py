@@ -15,6 +15,7 @@ from dlperf.ops.base import MASK_BYTES, REQUIRED, Kernel, Layer, OpRule, clog2, 
 # FLOPs per element, forward and backward: relu is a compare; gelu's tanh form ~ 8 mul/add + tanh; silu and
 # sigmoid need an exp and a divide.
 ACTIVATION_FLOPS = {"relu": (1, 1), "gelu": (8, 12), "silu": (4, 6), "tanh": (4, 2), "sigmoid": (4, 2)}
+TRANSCENDENTAL = ("gelu", "silu", "tanh", "sigmoid")  # evaluate exp or tanh per element
 
 
 def _n(layer: Layer, batch: Any) -> Any:
@@ -26,7 +27,8 @@ def _activation(op: str) -> OpRule:
     return OpRule(
         attrs={},
         shape=lambda s, a: s,
-        kernels=lambda layer, b, e: (elementwise_kernel(op, _n(layer, b), e, fwd, bwd),),
+        kernels=lambda layer, b, e: (elementwise_kernel(op, _n(layer, b), e, fwd, bwd,
+                                                        cls="transcendental" if op in TRANSCENDENTAL else "memory"),),
         asymptotic=lambda layer, b: (_n(layer, b), 1),  # Table 4: O(NCHW), O(1)
     )
 
@@ -84,7 +86,7 @@ def _norm(rms: bool) -> OpRule:
 
 
 def _softmax_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
-    kernel = elementwise_kernel("softmax", _n(layer, batch), e, 5, 4)
+    kernel = elementwise_kernel("softmax", _n(layer, batch), e, 5, 4, cls="transcendental")
     d = layer.in_shape[-1]
     return (Kernel(kernel.name, kernel.cls, Cost(kernel.cost.fwd_flops, kernel.cost.bwd_data_flops, 0,
                                                  kernel.cost.fwd_bytes, kernel.cost.bwd_bytes,

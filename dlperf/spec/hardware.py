@@ -25,7 +25,7 @@ from dlperf.spec.yamlio import check_keys, field_name, line_of, load_yaml_file
 from dlperf.units import parse_quantity
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")
-KERNEL_CLASSES = ("matmul", "conv", "memory")
+KERNEL_CLASSES = ("matmul", "conv", "memory", "transcendental")
 
 # Defaults when a hardware file gives no efficiency curve. Sources:
 # - matmul 0.87: A100 SXM BF16 maximum achievable matmul 271.2/312 TF/s (stas00/ml-engineering,
@@ -90,6 +90,8 @@ class Device:
             return self.efficiency[kernel_class]
         if kernel_class == "conv":
             return self.eff("matmul")
+        if kernel_class == "transcendental":  # exp/tanh-bound element-wise kernels, when not measured apart
+            return self.eff("memory")
         peak, half, startup = DEFAULT_EFFICIENCY[kernel_class]
         return Efficiency(peak, half, "dlperf default", startup)
 
@@ -175,7 +177,7 @@ def _efficiency(node: Any, file: str, where: str) -> dict[str, Efficiency]:
         peak = _fraction(curve["peak"], file, line_of(curve, "peak"), field_name(here, "peak"))
         half = 0.0
         if "half" in curve:
-            kind = "bytes" if cls == "memory" else "flops"
+            kind = "bytes" if cls in ("memory", "transcendental") else "flops"
             half = _quantity(curve, "half", kind, file, here)
         startup = _quantity(curve, "startup", "time", file, here) if "startup" in curve else None
         if cls == "matmul" and "half" not in curve and startup is None:
