@@ -42,6 +42,13 @@ def plot_calibration(cal: Calibration, path: str | Path, comm: Any = None) -> Pa
         ax.set_visible(False)
     fig.suptitle(f"dlperf calibrate: {cal.device_name} ({cal.backend}, {cal.environment.get('threads')} threads)")
     fig.tight_layout()
+    return save(fig, path)
+
+
+def save(fig: Any, path: str | Path) -> Path:
+    """Write a figure and close it; a path that cannot be written is a one-line CalibrationError."""
+    import matplotlib.pyplot as plt
+
     target = Path(path)
     try:
         fig.savefig(target, dpi=110)

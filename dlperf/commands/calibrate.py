@@ -244,15 +244,10 @@ def _plot_comm(comm: Any, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise CalibrationError("--plot needs matplotlib") from None
-    from dlperf.calibrate.plot import _panel
+    from dlperf.calibrate.plot import _panel, save
 
     fig, axes = plt.subplots(1, len(comm.fits), figsize=(5 * len(comm.fits), 3.8), squeeze=False)
     for ax, (op, f) in zip(axes.flat, comm.fits.items(), strict=False):
         _panel(ax, f"gloo {op}", None, f, 0.0)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except (OSError, ValueError) as err:
-        raise CalibrationError(f"cannot write plot {path}: {err}") from None
-    finally:
-        plt.close(fig)
+    save(fig, path)
