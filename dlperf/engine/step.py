@@ -300,10 +300,11 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -
 
     Plain data parallelism allreduces the gradients once per step, in DDP buckets overlapped with the last
     micro-batch's backward pass (Li et al. 2020): only what outlasts that backward pass, and at least the last
-    bucket, is exposed. ZeRO-1/2 reduce-scatter the gradients the same way, then allgather the updated parameter
-    shards after the optimizer step, which nothing hides. ZeRO-3 also allgathers each layer's parameters before
+    bucket, is exposed. ZeRO-1 reduce-scatters the gradients the same way, then allgathers the updated parameter
+    shards after the optimizer step, which nothing hides; ZeRO-2 keeps only gradient shards, so it
+    reduce-scatters in every micro-batch's backward pass. ZeRO-3 also allgathers each layer's parameters before
     its forward and its backward pass, for every micro-batch, prefetched under that pass's compute (Rajbhandari
-    et al. 2020, section 7). Megatron-LM issues the reduction after the pipeline flush, so with pp > 1 it is
+    et al. 2020, sections 5 and 7). Megatron-LM issues the reduction after the pipeline flush, so with pp > 1 it is
     exposed unless overlap is forced. The survey's sharded parameter server and compressed allreduce replace
     the allreduce when the plan asks for them.
     """
@@ -333,10 +334,15 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -
         return total, hidden_behind(total, slow.backward, last_bucket), 0.0, 0.0
     reduce = comm.collective_time("reduce_scatter", grad_bytes, group, hw)
     gather = comm.collective_time("allgather", grad_bytes, group, hw)
-    if plan.zero in (1, 2):
+    if plan.zero == 1:
         return reduce + gather, hidden_behind(reduce, slow.backward, last_bucket) + gather, 0.0, 0.0
-    per_micro_exposed = hidden_behind(gather, slow.forward, 0.0) + hidden_behind(gather, slow.backward, 0.0)
-    return reduce, hidden_behind(reduce, slow.backward, last_bucket), 2 * gather, per_micro_exposed
+    if plan.zero == 2:  # gradients are kept as shards, so every micro-batch's backward reduce-scatters them
+        return gather, gather, reduce, hidden_behind(reduce, slow.backward, last_bucket)
+    # ZeRO-3: per micro-batch, parameters gathered for forward and again for backward, gradients scattered;
+    # the backward gather and scatter share the links, so their sum hides behind the backward pass.
+    per_micro_exposed = (hidden_behind(gather, slow.forward, 0.0)
+                         + hidden_behind(gather + reduce, slow.backward, last_bucket))
+    return 0.0, 0.0, 2 * gather + reduce, per_micro_exposed
 
 
 def _dp_with_micro_batches(parts: tuple[Any, Any, Any, Any], m: Any) -> tuple[Any, Any]:
