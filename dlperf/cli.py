@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(1)
+    except click.UsageError as err:  # bad option values: one line, like every other input error
+        click.echo(f"Error: {err.format_message()}", err=True)
+        sys.exit(2)
     except click.ClickException as err:
         err.show()
         sys.exit(err.exit_code)

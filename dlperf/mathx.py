@@ -66,6 +66,15 @@ def minimum(*xs: Any) -> Any:
     return _fold(xs, "Min", "minimum", min)
 
 
+def is_zero(value: Any) -> bool:
+    """A plain number equal to zero (arrays and expressions are never 'zero' here: they carry work)."""
+    return isinstance(value, (int, float)) and value == 0
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def where(cond: Any, a: Any, b: Any) -> Any:
     """cond ? a : b elementwise for arrays, plain branch for scalars."""
     if _is_array(cond) or _is_array(a) or _is_array(b):

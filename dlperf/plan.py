@@ -1,4 +1,4 @@
-"""A plan says how one training step runs on the cluster; `Plan.validate` checks its rules with one-line errors."""
+"""A plan says how one training step runs on the cluster; `validate(plan)` checks its rules with one-line errors."""
 
 from __future__ import annotations
 
@@ -69,6 +69,19 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
         raise PlanError(f"{name}", expected="one of " + ", ".join(choices), found=value)
 
 
+def _check_knobs(plan: Plan) -> None:
+    """Options that are not degrees: each must name something dlperf can price."""
+    from dlperf.comm.compression import parse_compression
+
+    parse_compression(plan.compression)
+    for name in ("parameter_server", "staleness"):
+        value = getattr(plan, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PlanError(name, expected="an integer >= 0", found=value)
+    if plan.grad_dtype is not None:
+        _choice("grad_dtype", plan.grad_dtype, DTYPES)
+
+
 def validate(plan: Plan, heads: int | None = None, layers: int | None = None) -> Plan:
     """Check degrees multiply to the device count, batches divide, tp <= heads, pp <= layers, ..."""
     for name in ("devices", "tp", "pp", "global_batch", "virtual_stages"):
@@ -104,12 +117,18 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
             raise PlanError("the interleaved schedule needs pp > 1")
         if plan.micro_batches % plan.pp:
             raise PlanError(f"interleaved 1F1B needs micro-batches ({plan.micro_batches}) divisible by pp={plan.pp}")
+        if plan.virtual_stages < 2:
+            raise PlanError("the interleaved schedule needs --virtual-stages 2 or more")
+        if layers is not None and plan.pp * plan.virtual_stages > layers:
+            raise PlanError(f"pp*virtual_stages = {plan.pp * plan.virtual_stages} exceeds the layers that can be "
+                            f"staged ({layers})")
     elif plan.virtual_stages != 1:
         raise PlanError("virtual stages need --schedule interleaved")
     if plan.hybrid_fc and (plan.tp > 1 or plan.pp > 1):
         raise PlanError("--hybrid-fc spreads the fully connected head over all devices: it needs tp = pp = 1")
     if plan.sequence_parallel and plan.tp == 1:
         raise PlanError("sequence parallelism needs tp > 1")
+    _check_knobs(plan)
     if plan.consistency == "sync" and plan.staleness:
         raise PlanError("staleness needs --consistency ssp or async")
     return plan

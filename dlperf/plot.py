@@ -44,8 +44,7 @@ def breakdown_chart(predictions: list[Any], labels: list[str], path: str) -> dic
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize="small")
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
+    save_figure(fig, path, 150)
     return data
 
 
@@ -99,6 +98,19 @@ def scaling_chart(sweeps: list[Any], path: str) -> dict[str, dict[str, list[floa
         where = first.hardware if len({s.hardware for s in sweeps}) == 1 else "two clusters"
         where = where if len(sweeps) <= 2 else "several clusters"
         fig.suptitle(f"{first.model} on {where}: {first.mode} scaling ({what})")
-    fig.savefig(path, dpi=150)
-    plt.close(fig)
+    save_figure(fig, path, 150)
     return out
+
+
+def save_figure(fig: Any, path: str, dpi: int) -> None:
+    """Write and close a figure; an unwritable path or unknown image type is a one-line error, not a traceback."""
+    import matplotlib.pyplot as plt
+
+    from dlperf.errors import DlperfError
+
+    try:
+        fig.savefig(path, dpi=dpi)
+    except (OSError, ValueError) as err:
+        raise DlperfError(f"cannot write the plot {path}: {err}".replace("\n", " ")) from None
+    finally:
+        plt.close(fig)

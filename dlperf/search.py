@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlperf.errors import DlperfError, PlanError
+from dlperf.mathx import divisors as _divisors
 from dlperf.plan import Plan
 
 OBJECTIVES = ("time", "cost")
@@ -25,8 +26,6 @@ STRATEGIES = ("data", "model", "pipeline", "hybrid", "best")
 DEFAULT_MICRO_CAP = 32  # samples per micro-batch in sweeps: ResNet-50's per-GPU batch in Goyal et al. 2017
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _powers_of_two_upto(n: int) -> list[int]:
@@ -80,7 +79,7 @@ def enumerate_plans(base: Plan, node_size: int, heads: int | None, layers: int,
                             | {per_replica})
             for micro in micros:
                 m = per_replica // micro
-                for schedule, v in _schedules(pp, m, space):
+                for schedule, v in _schedules(pp, m, space, layers):
                     for zero in (space.zero if dp > 1 else (0,)):
                         for recompute in space.recompute:
                             for sp in (space.sequence_parallel if tp > 1 else (False,)):
@@ -89,7 +88,7 @@ def enumerate_plans(base: Plan, node_size: int, heads: int | None, layers: int,
                                                  sequence_parallel=sp)
 
 
-def _schedules(pp: int, m: int, space: SearchSpace) -> Iterator[tuple[str, int]]:
+def _schedules(pp: int, m: int, space: SearchSpace, layers: int) -> Iterator[tuple[str, int]]:
     if pp == 1:
         yield "1f1b", 1  # no pipeline: the schedule does not matter
         return
@@ -97,7 +96,7 @@ def _schedules(pp: int, m: int, space: SearchSpace) -> Iterator[tuple[str, int]]
         if schedule != "interleaved":
             yield schedule, 1
         elif m % pp == 0:
-            for v in range(2, space.max_virtual_stages + 1):
+            for v in range(2, min(space.max_virtual_stages, layers // pp) + 1):
                 yield schedule, v
 
 
@@ -332,6 +331,8 @@ def sweep(model: Any, hw: Any, gpus: list[int], *, strategy: str = "data", weak:
     gpus = sorted(gpus)
     if weak:
         per_device = (global_batch // gpus[0]) if global_batch else 32
+        if per_device < 1:
+            raise PlanError(f"weak scaling: global batch {global_batch} gives no sample per device at {gpus[0]} GPUs")
         batches = [per_device * n for n in gpus]
     else:
         batches = [global_batch or 32 * gpus[-1]] * len(gpus)

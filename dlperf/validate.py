@@ -50,7 +50,7 @@ ROW_KEYS = ("id", "source", "where", "evidence", "tags", "model", "set", "hardwa
 ROW_REQUIRED = ("id", "source", "where", "evidence", "model", "hardware", "plan", "measured")
 MEASURED_KEYS = ("value", "unit")
 PLAN_FIELDS = {f.name: f for f in fields(Plan)}
-_BOOL_FIELDS = ("sequence_parallel", "overlap")
+_BOOL_FIELDS = ("sequence_parallel", "overlap", "hybrid_fc")
 _STR_FIELDS = ("schedule", "recompute", "compression", "consistency", "dtype", "optimizer", "grad_dtype")
 
 
@@ -354,5 +354,6 @@ def parity_plot(results: Sequence[Result], path: str) -> None:
         ax.set_title(unit)
         ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from dlperf.plot import save_figure
+
+    save_figure(fig, path, 120)

@@ -1,7 +1,7 @@
-import pytest
-from click.testing import CliRunner
+import contextlib
+import io
 
-from dlperf.cli import cli
+import pytest
 
 
 @pytest.fixture(scope="module")
@@ -13,19 +13,17 @@ def a100():
 
 @pytest.fixture
 def run():
-    """Invoke the CLI the way a user would; returns (exit_code, stdout, stderr)."""
+    """Run the CLI entry point exactly as the console script does; returns (exit code, stdout, stderr)."""
     from dlperf.cli import main
 
-    def invoke(*args: str):
-        runner = CliRunner()
-        result = runner.invoke(cli, list(args), standalone_mode=False, catch_exceptions=True)
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            # route through main() so library errors become exit code 2 with one line
+    def invoke(*args: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        code = 0
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 main(list(args))
             except SystemExit as exit_:
-                return exit_.code, result.stdout, str(result.exception)
-            raise result.exception
-        return result.exit_code, result.stdout, result.stderr
+                code = exit_.code if isinstance(exit_.code, int) else 1
+        return code, out.getvalue(), err.getvalue()
 
     return invoke

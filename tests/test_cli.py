@@ -73,3 +73,25 @@ def test_help_lists_commands():
     out = CliRunner().invoke(cli, ["--help"]).output
     for name in ("predict", "show", "list"):
         assert name in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (("search", "gpt", "dgx-a100", "--gpus", "8", "--global-batch", "0"), "'--global-batch'"),
+    (("compare", "gpt", "dgx-a100", "--gpus", "0", "--global-batch", "8"), "'--gpus'"),
+    (("sweep", "resnet50", "dgx-a100", "--gpus", "1..8", "--micro-batch", "-1"), "'--micro-batch'"),
+    (("sweep", "resnet50", "dgx-a100", "--gpus", "2..8", "--weak", "--global-batch", "1"), "no sample per device"),
+    (("explain", "resnet50", "dgx-a100", "--step", "-1"), "'--step'"),
+    (("predict", "gpt", "dgx-a100", "--symbolic", "--gpus", "8", "--tp", "3"), "must divide the device count"),
+    (("predict", "gpt2-xl", "dgx-a100", "--gpus", "8", "--compression", "bogus"), "unknown compression"),
+    (("predict", "resnet50", "dgx-a100", "--plot", "/nonexistent-dir/x.png"), "cannot write the plot"),
+    (("predict", "gpt", "dgx-a100", "--gpus", "16", "--pp", "8", "--schedule", "interleaved",
+      "--virtual-stages", "100", "--global-batch", "64", "--micro-batch", "1"), "exceeds the layers"),
+    (("predict", "gpt", "dgx-a100", "--gpus", "8", "--hybrid-fc"), "needs a convolutional body"),
+])
+def test_bad_input_is_one_line_exit_2(args, message):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "dlperf", *args], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

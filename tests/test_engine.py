@@ -142,7 +142,7 @@ def test_single_gpu_throughput_within_15_percent(request, model, sets, hardware,
 
 @pytest.mark.parametrize("args,message", [
     (("--gpus", "8", "--tp", "16"), "tp*pp = 16 must divide the device count 8"),
-    (("--gpus", "0"), "devices must be a positive integer"),
+    (("--gpus", "0"), "Invalid value for '--gpus'"),
     (("--gpus", "8", "--dp", "3", "--tp", "2"), "dp*tp*pp must equal"),
 ])
 def test_bad_degrees_on_cli_exit_2(run, args, message):

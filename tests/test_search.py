@@ -92,7 +92,7 @@ def test_enumeration_respects_heads_and_node():
 
 def test_search_returns_only_fitting_plans_sorted(gpt_search):
     ranked = gpt_search.ranked
-    assert gpt_search.considered == 1323
+    assert gpt_search.considered == 1305  # interleaved plans with pp*v > layers are not enumerated (impossible)
     assert 0 < gpt_search.feasible == len(ranked) < gpt_search.considered
     assert all(ev.memory_bytes_per_device <= 3 * 2**30 for ev in ranked)
     times = [ev.step_time_s for ev in ranked]
@@ -199,7 +199,7 @@ def test_cli_search_json(run):
                        "--max-micro-batch", "4", "--max-memory", "3 GiB", "--format", "json")
     assert code == 0
     data = json.loads(out)
-    assert data["considered"] == 1323 and len(data["plans"]) == 3
+    assert data["considered"] == 1305 and len(data["plans"]) == 3
     assert [p["rank"] for p in data["plans"]] == [1, 2, 3]
     assert all(p["memory_gib"] <= 3 for p in data["plans"])
 
@@ -255,7 +255,7 @@ def test_vectorized_grid_agrees_with_predict_to_1e_9():
         base = Plan(devices=1024, tp=8, pp=16, global_batch=1536, micro_batch=1, recompute="full",
                     schedule=schedule, virtual_stages=2 if schedule == "interleaved" else 1, zero=zero)
         batches = np.array([128 * rng.randint(1, 40) for _ in range(20)])
-        vs = np.array([rng.choice([1, 2, 3, 6]) if schedule == "interleaved" else 1 for _ in range(20)])
+        vs = np.array([rng.choice([2, 3, 6]) if schedule == "interleaved" else 1 for _ in range(20)])
         grid = engine.grid(base, batches, vs)
         for gb, v, step, memory in zip(batches, vs, grid["step_time_s"], grid["memory_bytes_per_device"],
                                        strict=True):

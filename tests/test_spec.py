@@ -171,4 +171,4 @@ def test_cli_error_is_one_line_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dlperf", "show", str(bad)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    assert "bad.yaml:12: layers[1]" in proc.stderr or "bad.yaml:12:" in proc.stderr
+    assert "bad.yaml:12: blocks.basic.layers[1].op: unknown op" in proc.stderr

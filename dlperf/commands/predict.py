@@ -11,20 +11,22 @@ from dlperf.commands.common import format_option, parse_sets, set_option
 from dlperf.report import render, to_json
 
 DTYPE_CHOICES = click.Choice(["fp32", "tf32", "fp16", "bf16", "fp8"])
+POSITIVE = click.IntRange(min=1)
 
 
 def plan_options(fn: Callable) -> Callable:
     """Every plan knob as an option (shared by predict, explain and search-like commands)."""
     options = [
-        click.option("--gpus", "devices", type=int, default=None, help="Number of devices (default: dp*tp*pp or 1)."),
-        click.option("--dp", type=int, default=None, help="Data-parallel degree (default: devices/(tp*pp))."),
-        click.option("--tp", type=int, default=None, help="Tensor (model) parallel degree."),
-        click.option("--pp", type=int, default=None, help="Pipeline-parallel degree (stages)."),
-        click.option("--global-batch", type=int, default=None, help="Samples per step over all replicas."),
-        click.option("--micro-batch", type=int, default=None, help="Samples per micro-batch per replica."),
+        click.option("--gpus", "devices", type=POSITIVE, default=None,
+                     help="Number of devices (default: dp*tp*pp or 1)."),
+        click.option("--dp", type=POSITIVE, default=None, help="Data-parallel degree (default: devices/(tp*pp))."),
+        click.option("--tp", type=POSITIVE, default=None, help="Tensor (model) parallel degree."),
+        click.option("--pp", type=POSITIVE, default=None, help="Pipeline-parallel degree (stages)."),
+        click.option("--global-batch", type=POSITIVE, default=None, help="Samples per step over all replicas."),
+        click.option("--micro-batch", type=POSITIVE, default=None, help="Samples per micro-batch per replica."),
         click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
                      show_default=True, help="Pipeline schedule."),
-        click.option("--virtual-stages", type=int, default=1, show_default=True,
+        click.option("--virtual-stages", type=POSITIVE, default=1, show_default=True,
                      help="Model chunks per device for the interleaved schedule."),
         click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
                      help="ZeRO stage (sharded data parallelism; 3 = FSDP)."),
@@ -39,10 +41,11 @@ def plan_options(fn: Callable) -> Callable:
                      help="Gradient compression: none, fp16, int8, 1bit, terngrad, qsgd:S, topk:FRACTION."),
         click.option("--consistency", type=click.Choice(["sync", "ssp", "async"]), default="sync",
                      show_default=True, help="Synchronous, stale-synchronous or asynchronous SGD."),
-        click.option("--staleness", type=int, default=0, show_default=True, help="SSP staleness bound."),
+        click.option("--staleness", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="SSP staleness bound."),
         click.option("--hybrid-fc", is_flag=True,
                      help="Krizhevsky's 'one weird trick': data-parallel convolutions, model-parallel FC layers."),
-        click.option("--parameter-server", type=int, default=0, show_default=True,
+        click.option("--parameter-server", type=click.IntRange(min=0), default=0, show_default=True,
                      help="Use N sharded parameter servers instead of allreduce (0 = allreduce)."),
         click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam"]), default="adam",
                      show_default=True, help="Optimizer update rule."),
@@ -102,10 +105,14 @@ def predict(model: str, hardware: str, sets: tuple[str, ...], symbolic: bool, la
             fmt: str, **opts: Any) -> None:
     """Predict step time, throughput, MFU and memory of training MODEL on HARDWARE."""
     from dlperf.engine import predict as run
+    from dlperf.plan import validate
 
     spec, hw = _load(model, hardware, sets)
     plan, notes = build_plan(spec, hw, opts)
     if symbolic:
+        from dlperf.engine.step import StepModel
+
+        validate(plan, heads=StepModel(spec, hw).heads)
         from dlperf.engine.symbolic import closed_form_text
 
         click.echo(closed_form_text(spec, hw, plan, latex))
@@ -161,8 +168,8 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
 @click.argument("model")
 @click.argument("hardware")
 @set_option
-@click.option("--gpus", "devices", type=int, required=True, help="Number of devices.")
-@click.option("--global-batch", type=int, required=True, help="Samples per step.")
+@click.option("--gpus", "devices", type=POSITIVE, required=True, help="Number of devices.")
+@click.option("--global-batch", type=POSITIVE, required=True, help="Samples per step.")
 @click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's).")
 @format_option
 def compare(model: str, hardware: str, sets: tuple[str, ...], devices: int, global_batch: int, dtype: str | None,

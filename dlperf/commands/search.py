@@ -29,15 +29,16 @@ def _memory_option(text: str | None) -> float | None:
 @click.option("--gpus", "devices", required=True,
               help="Number of devices to plan for, or a range/list (512..4096 = powers of two; 64,128,256) to "
                    "find the best device count.")
-@click.option("--global-batch", type=int, required=True, help="Samples per step over all replicas.")
-@click.option("--top", type=int, default=5, show_default=True, help="How many of the best plans to show.")
-@click.option("--max-step-time", type=float, default=None,
+@click.option("--global-batch", type=click.IntRange(min=1), required=True, help="Samples per step over all replicas.")
+@click.option("--top", type=click.IntRange(min=1), default=5, show_default=True,
+              help="How many of the best plans to show.")
+@click.option("--max-step-time", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Time budget: drop plans slower than this many seconds per step (with --objective cost, the "
                    "cheapest plan that meets it).")
 @click.option("--max-memory", default=None, help="Per-device memory cap, e.g. '40 GiB' (default: the device's).")
 @click.option("--objective", type=click.Choice(["time", "cost"]), default="time", show_default=True,
               help="Rank by step time, or by cost per step (device-hours x price; also tries fewer devices).")
-@click.option("--max-micro-batch", type=int, default=8, show_default=True,
+@click.option("--max-micro-batch", type=click.IntRange(min=1), default=8, show_default=True,
               help="Largest power-of-two micro-batch tried (the whole per-replica batch is always tried).")
 @click.option("--uneven-stages", is_flag=True,
               help="Also try pipeline depths that do not divide the layer count (slower: balanced partition).")
@@ -90,10 +91,10 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
               show_default=True, help="How each point parallelizes (best = full plan search per point).")
 @click.option("--weak/--strong", default=False, show_default=True,
               help="Weak: fixed per-device batch. Strong: fixed global batch.")
-@click.option("--global-batch", type=int, default=None,
+@click.option("--global-batch", type=click.IntRange(min=1), default=None,
               help="Strong: the global batch (default 32 x largest count). Weak: the batch at the first count "
                    "(default 32 per device).")
-@click.option("--micro-batch", type=int, default=None,
+@click.option("--micro-batch", type=click.IntRange(min=1), default=None,
               help="Largest micro-batch per replica for data/model/pipeline; bigger per-replica batches use "
                    "gradient accumulation (default 32; pipeline: global batch / (4 x GPUs)).")
 @click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's).")
@@ -122,7 +123,7 @@ def sweep(model: str, hardware: str, sets: tuple[str, ...], gpus: str, strategy:
 @click.argument("hardware")
 @set_option
 @plan_options
-@click.option("--step", type=float, default=0.10, show_default=True,
+@click.option("--step", type=click.FloatRange(min=0, min_open=True, max=1), default=0.10, show_default=True,
               help="Relative change applied to each hardware constant (0.10 = +10%).")
 @format_option
 def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: str, **opts: Any) -> None:

@@ -5,11 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from dlperf.errors import DlperfError
+from dlperf.mathx import divisors as _divisors
 from dlperf.plan import Plan
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _try(model: Any, hw: Any, plan: Plan) -> Any:
@@ -63,13 +60,19 @@ def default_plan(model: Any, hw: Any, base: Plan, notes: list[str]) -> tuple[Pla
     return plan, notes
 
 
+def pipeline_micro_batch(global_batch: int, pp: int) -> int:
+    """The largest micro-batch that gives at least 4*pp micro-batches and divides the batch (GPipe keeps the
+    bubble (pp-1)/(m+pp-1) under ~20% with m >= 4pp; Huang et al. 2019, section 3)."""
+    return max(d for d in _divisors(global_batch) if d == 1 or global_batch // d >= 4 * pp)
+
+
 def strategy_plans(model: Any, hw: Any, devices: int, global_batch: int, dtype: str | None) -> list[tuple]:
     """(name, plan, prediction or None, note) for data, model (tensor), pipeline and best hybrid."""
     base = Plan(devices=devices, global_batch=global_batch, dtype=dtype)
     candidates = [
         ("data", base.with_(dp=devices)),
         ("model (tensor)", base.with_(dp=1, tp=devices)),
-        ("pipeline", base.with_(dp=1, pp=devices, micro_batch=max(1, global_batch // (4 * devices)) or 1)),
+        ("pipeline", base.with_(dp=1, pp=devices, micro_batch=pipeline_micro_batch(global_batch, devices))),
     ]
     rows = []
     for name, plan in candidates:

@@ -16,10 +16,6 @@ from dlperf.spec.hardware import Device, Efficiency
 MATRIX_CLASSES = ("matmul", "conv")
 
 
-def _is_zero(value: Any) -> bool:
-    return isinstance(value, (int, float)) and value == 0
-
-
 def startup_time(eff: Efficiency, top_rate: float) -> float:
     """Hockney's t0 = n_1/2 / r_inf: given directly (`startup`), or from n_1/2 at the device's top rate (its
     fastest dtype); the startup time is a property of the kernel, so a slower dtype keeps t0."""
@@ -30,7 +26,7 @@ def startup_time(eff: Efficiency, top_rate: float) -> float:
 
 def hockney_time(size: Any, launches: Any, rate: float, eff: Efficiency, top_rate: float | None = None) -> Any:
     """Time to process `size` units (FLOPs or bytes) in `launches` kernels: launches * t0 + size / r_inf."""
-    if _is_zero(size):
+    if mathx.is_zero(size):
         return 0.0
     return launches * startup_time(eff, top_rate or rate) + size / (rate * eff.peak)
 
@@ -47,7 +43,7 @@ def compute_efficiency(device: Device, cls: str) -> Efficiency:
 
 def phase_time(flops: Any, nbytes: Any, launches: Any, cls: str, device: Device, dtype: str) -> Any:
     """Roofline time of one phase of one kernel (max of compute and memory time) plus launch overhead."""
-    if _is_zero(flops) and _is_zero(nbytes):
+    if mathx.is_zero(flops) and mathx.is_zero(nbytes):
         return 0.0
     peak = device.peak(dtype) if cls in MATRIX_CLASSES else device.peak("fp32")
     top = max(device.peak_flops.values())
@@ -61,6 +57,6 @@ def kernel_times(kernel: Kernel, device: Device, dtype: str, divisor: Any = 1) -
     c = kernel.cost
     fwd = phase_time(c.fwd_flops / divisor, c.fwd_bytes / divisor, kernel.launches, kernel.cls, device, dtype)
     bwd_flops = c.bwd_data_flops + c.bwd_weight_flops
-    bwd_launches = 0 if _is_zero(bwd_flops) and _is_zero(c.bwd_bytes) else 2 * kernel.launches
+    bwd_launches = 0 if mathx.is_zero(bwd_flops) and mathx.is_zero(c.bwd_bytes) else 2 * kernel.launches
     bwd = phase_time(bwd_flops / divisor, c.bwd_bytes / divisor, bwd_launches, kernel.cls, device, dtype)
     return fwd, bwd

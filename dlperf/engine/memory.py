@@ -15,7 +15,8 @@ from dlperf.plan import Plan
 from dlperf.spec.hardware import Hardware
 from dlperf.spec.model import Model
 
-DDP_BUFFER_BYTES = 2 * 25 * 2**20  # two 25 MB gradient buckets in flight (PyTorch DDP default)
+DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP default bucket_cap_mb=25 (Li et al., VLDB 2020)
+DDP_BUFFER_BYTES = 2 * DDP_BUCKET_BYTES  # two gradient buckets in flight
 MIXED = ("fp16", "bf16", "fp8")
 
 
@@ -45,7 +46,10 @@ def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], 
     states = model_state_bytes(params, plan, dtype)
     if plan.recompute in ("full", "except_last"):
         # keep each block's input; during backward one block's full activations are rebuilt at a time
-        acts = _block_inputs(model, plan, dtype) * plan.micro / plan.tp * len(stages[0:1]) * micro_batches_in_flight
+        # Korthikanti et al. 2022, Table 2: the stored layer inputs are 2sbh, divided by t only with sequence
+        # parallelism (tensor parallelism alone replicates them)
+        shard = plan.tp if plan.sequence_parallel else 1
+        acts = _block_inputs(model, plan, dtype) * plan.micro / shard * micro_batches_in_flight
         acts += first.saved_bytes / max(_blocks_in_stage(model, plan), 1)
     else:
         acts = first.saved_bytes * micro_batches_in_flight

@@ -27,9 +27,7 @@ class StageCost:
     tp_comm_fwd: Any = 0.0
     tp_comm_bwd: Any = 0.0
     params: Any = 0
-    flops: Any = 0.0               # model FLOPs (forward + backward) per micro-batch on this device
     saved_bytes: Any = 0.0          # activations kept for backward, per micro-batch
-    block_input_bytes: Any = 0.0    # what full recomputation keeps instead
     per_type: dict[str, Any] = field(default_factory=dict)
     synced_params: Any = None       # parameters data parallelism allreduces (None: all of `params`)
 
@@ -39,8 +37,8 @@ class StageCost:
 
     def __add__(self, other: StageCost) -> StageCost:
         """Two parts of one device's work run one after the other (e.g. the convolutional body and the head)."""
-        names = ("forward", "backward", "recompute", "tp_comm_fwd", "tp_comm_bwd", "params", "flops",
-                 "saved_bytes", "block_input_bytes")
+        names = ("forward", "backward", "recompute", "tp_comm_fwd", "tp_comm_bwd", "params",
+                 "saved_bytes")
         out = StageCost(**{n: getattr(self, n) + getattr(other, n) for n in names})
         for part in (self, other):
             for key, value in part.per_type.items():
@@ -84,13 +82,12 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
             fwd, bwd = kernel_times(kernel, hw.device, dtype, split)
             out.forward = out.forward + use.count * fwd
             out.backward = out.backward + use.count * bwd
-            out.flops = out.flops + use.count * kernel.cost.work / split
             if _recomputed(recompute, use, kernel):
                 out.recompute = out.recompute + use.count * fwd
             key = f"{use.layer.op}"
             out.per_type[key] = out.per_type.get(key, 0.0) + use.count * (fwd + bwd)
         for phase, op, elements in use.comm:
-            if tp > 1 and not _is_zero(elements):
+            if tp > 1 and not mathx.is_zero(elements):
                 t = use.count * comm_time(op, e * batch * elements)
                 if phase == "fwd":
                     out.tp_comm_fwd = out.tp_comm_fwd + t
@@ -104,10 +101,6 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
             saved = saved - _quadratic_attention_bytes(use, e) * batch / tp
         out.saved_bytes = out.saved_bytes + use.count * saved
     return out
-
-
-def _is_zero(value: Any) -> bool:
-    return isinstance(value, (int, float)) and value == 0
 
 
 def _recomputed(recompute: str, use: Use, kernel: Kernel) -> bool:
@@ -126,5 +119,3 @@ def _quadratic_attention_bytes(use: Use, e: int) -> Any:
     return (2 * e + 1 if layer["dropout"] else e) * layer["heads"] * s * skv
 
 
-def maximum_over(values: list[Any]) -> Any:
-    return mathx.maximum(*values) if len(values) > 1 else values[0]

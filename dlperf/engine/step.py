@@ -16,12 +16,13 @@ from dlperf.engine.layers import element_bytes, tp_uses
 from dlperf.engine.pipeline import balanced_partition, in_flight, schedule_time, uniform_partition, units
 from dlperf.engine.stage import StageCost, stage_cost
 from dlperf.engine.work import model_cost
+from dlperf.errors import PlanError
 from dlperf.ops.base import numel
 from dlperf.plan import Plan, validate
 from dlperf.spec.hardware import Hardware
 from dlperf.spec.model import Model, out_shape
 
-DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP default bucket_cap_mb=25 (Li et al., VLDB 2020)
+DDP_BUCKET_BYTES = mem.DDP_BUCKET_BYTES
 # Optimizer update per parameter, memory-bound: bytes read + written and FLOPs (fp32 states).
 # Adam reads/writes weight, m, v (3 x 8 B) and reads the gradient; ~12 FLOPs (two moments, bias-corrected step).
 OPTIMIZER_COST = {"sgd": (12, 2), "momentum": (20, 4), "adam": (28, 12)}
@@ -83,7 +84,7 @@ class StepModel:
         self.model, self.hw = model, hw
         self.heads = _heads(model)
         self.layers = len(units(model))
-        self.comm = _comm(hw)
+        self.comm = _comm()
         self._stages: dict[tuple, tuple[list[StageCost], StageCost, Any, Any]] = {}
         self._cost: dict[tuple, StageCost] = {}
         self._uses: dict[tuple, list] = {}
@@ -123,6 +124,8 @@ class StepModel:
         the body's parameters are allreduced."""
         items = list(self.model.root.items)
         cut = _head_start(items)
+        if cut == 0 or cut == len(items):
+            raise PlanError("--hybrid-fc needs a convolutional body followed by a head without convolutions")
         n = plan.data_parallel
         body = self._cost_of(items[:cut], plan, dtype, e)
         head = self._cost_of(items[cut:], plan.with_(tp=n, dp=1, micro_batch=plan.micro * n), dtype, e)
@@ -165,7 +168,7 @@ class StepModel:
         m = gb / (plan.data_parallel * plan.micro)
         ok = (m >= 1) & (m == np.floor(m)) & (v >= 1)
         if plan.schedule == "interleaved":
-            ok &= (m % plan.pp == 0)
+            ok &= (m % plan.pp == 0) & (v >= 2) & (plan.pp * v <= self.layers)
         else:
             ok &= v == 1
         step, _, memory, *_ = self._evaluate(plan, m, v)
@@ -258,11 +261,14 @@ def predict(model: Model, hw: Hardware, plan: Plan) -> Prediction:
 
 
 def _heads(model: Model) -> int | None:
+    """The largest tp that divides every attention layer's head count (their gcd)."""
+    import math
+
     heads = [layer["heads"] for layer, _ in model.counted() if layer.op == "attention"]
-    return min(heads) if heads else None
+    return math.gcd(*heads) if heads and all(isinstance(h, int) for h in heads) else None
 
 
-def _comm(hw: Hardware) -> Any:
+def _comm() -> Any:
     import dlperf.comm as comm
 
     return comm
@@ -309,8 +315,6 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -
     the allreduce when the plan asks for them.
     """
     dp = plan.data_parallel
-    if dp == 1:
-        return 0.0, 0.0, 0.0, 0.0
     params = slow.dp_params
     if dp == 1 or not params:
         return 0.0, 0.0, 0.0, 0.0
@@ -319,7 +323,8 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -
     overlap = plan.overlap if plan.overlap is not None else plan.pp == 1
 
     def hidden_behind(t: Any, window: Any, floor: Any) -> Any:
-        return max(t - window, floor) if overlap else t
+        """What of t outlasts `window`, but never less than the last bucket's share (nor more than t)."""
+        return max(t - window, min(floor, t)) if overlap else t
 
     last_bucket = comm.collective_time("allreduce", min(DDP_BUCKET_BYTES, grad_bytes), group, hw)
     if plan.parameter_server:

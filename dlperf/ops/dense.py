@@ -136,7 +136,8 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     qk = Cost(fwd_flops=2 * scores * hd, bwd_data_flops=4 * scores * hd, depth=clog2(hd), bwd_depth=clog2(skv))
     av = Cost(fwd_flops=2 * scores * hd, bwd_data_flops=4 * scores * hd, depth=clog2(skv), bwd_depth=clog2(hd))
     softmax = Cost(fwd_flops=5 * scores, bwd_data_flops=4 * scores, depth=2 * clog2(skv), bwd_depth=clog2(skv))
-    qkv_bytes = e * (batch * s * h * hd + 2 * batch * skv * kv * hd)
+    q_bytes, k_bytes = e * batch * s * h * hd, e * batch * skv * kv * hd  # V has K's size
+    qkv_bytes = q_bytes + 2 * k_bytes
     if layer["flash"]:
         core = qk + av + softmax
         fused = Cost(*(getattr(core, f) for f in ("fwd_flops", "bwd_data_flops", "bwd_weight_flops")),
@@ -152,7 +153,7 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
         *projections,
         Kernel("head_transposes", "memory", Cost(fwd_bytes=heads_bytes, bwd_bytes=heads_bytes, depth=1, bwd_depth=1),
                launches=4),
-        Kernel("scores", "matmul", qk + Cost(fwd_bytes=qkv_bytes * 2 / 3 + score_bytes,
+        Kernel("scores", "matmul", qk + Cost(fwd_bytes=q_bytes + k_bytes + score_bytes,
                                               bwd_bytes=2 * score_bytes + 2 * qkv_bytes)),
         Kernel("softmax", "transcendental", softmax + Cost(fwd_bytes=2 * score_bytes, bwd_bytes=3 * score_bytes)),
     ]
@@ -163,7 +164,7 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
             fwd_flops=3 * scores, bwd_data_flops=scores, fwd_bytes=2 * score_bytes + MASK_BYTES * scores,
             bwd_bytes=2 * score_bytes + MASK_BYTES * scores, depth=1, bwd_depth=1)))
     kernels += [
-        Kernel("attend", "matmul", av + Cost(fwd_bytes=score_bytes + qkv_bytes / 3 + e * batch * s * h * hd,
+        Kernel("attend", "matmul", av + Cost(fwd_bytes=score_bytes + k_bytes + e * batch * s * h * hd,
                                               bwd_bytes=2 * score_bytes + qkv_bytes)),
         out_proj,
     ]

@@ -15,7 +15,7 @@ outermost level has no size (it spans the whole cluster).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +123,6 @@ class Hardware:
     def devices_per_node(self) -> int:
         return self.network[0].size or 1 if self.network else 1
 
-    def with_overrides(self, **changes: Any) -> Hardware:
-        return replace(self, **changes)
 
 
 _TOP_KEYS = ("name", "source", "description", "device", "network", "price_per_device_hour", "calibration")
