@@ -115,11 +115,6 @@ def best_of_rounds(steps: dict[str, Any], quick: bool, rounds: int = ROUNDS) -> 
     return best
 
 
-def measure_single(name: str, batch: int, quick: bool) -> Timing:
-    """Best-of-rounds median time of one SGD training step of check model `name` in this process."""
-    return best_of_rounds({name: make_step(name, batch)}, quick)[name]
-
-
 def _dp_worker(rank: int, port: int, name: str, batch: int, quick: bool) -> Timing | None:
     """One data-parallel rank: DDP over gloo, one thread; rank 0's clock, each sample after a barrier."""
     import time

@@ -222,9 +222,6 @@ class Placed:
             latency, coefficient = latency + link.alpha, coefficient + fraction * link.beta
         return latency, coefficient
 
-    def rounds_time(self, n: Any, rounds: list[Round], cls: str) -> Any:
-        latency, coefficient = self.rounds_cost(rounds, cls)
-        return latency + coefficient * n
 
 
 @lru_cache(maxsize=256)

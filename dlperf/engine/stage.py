@@ -11,6 +11,7 @@ from dlperf.engine.layers import Use
 from dlperf.ops import OPS
 from dlperf.ops.base import Kernel
 from dlperf.ops.conv import algorithm_kernel, applicable
+from dlperf.ops.dense import quadratic_attention_bytes
 from dlperf.spec.hardware import Hardware
 
 FULL = ("full", "except_last")  # rerun every forward kernel (except_last: not for the last micro-batch)
@@ -98,7 +99,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         out.params = out.params + use.count * use.layer.params / (tp if use.sharded else 1)
         saved = OPS[use.layer.op].saved(use.layer, e) * batch / (tp if (use.sharded or sp) else 1)
         if recompute == "selective":
-            saved = saved - _quadratic_attention_bytes(use, e) * batch / tp
+            saved = saved - quadratic_attention_bytes(use.layer, e) * batch / tp
         out.saved_bytes = out.saved_bytes + use.count * saved
     return out
 
@@ -109,13 +110,5 @@ def _recomputed(recompute: str, use: Use, kernel: Kernel) -> bool:
     if recompute in FULL:
         return True
     return recompute == "selective" and kernel.name in ATTENTION_CORE and not use.layer.get("flash", False)
-
-
-def _quadratic_attention_bytes(use: Use, e: int) -> Any:
-    layer = use.layer
-    if layer.op != "attention" or layer["flash"]:
-        return 0
-    s, skv = layer.in_shape[0], layer["kv_seq"]
-    return (2 * e + 1 if layer["dropout"] else e) * layer["heads"] * s * skv
 
 

@@ -185,8 +185,16 @@ def _attention_saved(layer: Layer, e: int) -> Any:
     linear_terms = e * (s * d + s * h * hd + 2 * skv * kv * hd + s * h * hd)
     if layer["flash"]:
         return linear_terms + 4 * h * s
-    dropped = (e + MASK_BYTES) if layer["dropout"] else 0
-    return linear_terms + (e + dropped) * h * s * skv
+    return linear_terms + quadratic_attention_bytes(layer, e)
+
+
+def quadratic_attention_bytes(layer: Layer, e: int) -> Any:
+    """The per-sample s^2 activations of unfused attention (softmax output, and with dropout its mask and the
+    dropped scores): what selective recomputation drops (Korthikanti et al. 2022, section 5)."""
+    if layer.op != "attention" or layer["flash"]:
+        return 0
+    s, _, h, _, _, skv = _attention_dims(layer)
+    return (e + ((e + MASK_BYTES) if layer["dropout"] else 0)) * h * s * skv
 
 
 def _attention_check(shape: tuple, a: dict) -> None:
