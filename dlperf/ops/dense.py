@@ -27,9 +27,9 @@ def gemm(name: str, m: Any, k: Any, n: Any, e: int, bias: bool = False, weight: 
     flops = 2 * m * k * n
     extra = m * n if bias else 0
     return Kernel(name, "matmul", Cost(
-        fwd_flops=flops + extra,
+        fwd_flops=flops + extra,      # the bias add rides in the GEMM's epilogue (addmm, cuBLASLt)
         bwd_data_flops=flops,
-        bwd_weight_flops=(flops + extra) if weight else 0,
+        bwd_weight_flops=flops if weight else 0,
         fwd_bytes=e * (m * k + k * n + m * n),
         bwd_bytes=e * 2 * (m * n + m * k + k * n),
         depth=clog2(k) + (1 if bias else 0),
@@ -37,9 +37,16 @@ def gemm(name: str, m: Any, k: Any, n: Any, e: int, bias: bool = False, weight: 
     ))
 
 
+def bias_grad(name: str, m: Any, n: Any, e: int) -> Kernel:
+    """The bias gradient, dC summed over its m rows: a memory-bound reduction of its own in backward (PyTorch's
+    and Megatron's linear layers compute grad_output.sum(0) after the GEMMs), as conv's bias is."""
+    return Kernel(name, "memory", Cost(bwd_weight_flops=m * n, bwd_bytes=e * (m * n + n), bwd_depth=clog2(m)))
+
+
 def _linear_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
-    d, o = layer.in_shape[-1], layer["out"]
-    return (gemm("gemm", _tokens(layer, batch), d, o, e, bias=layer["bias"]),)
+    d, o, rows = layer.in_shape[-1], layer["out"], _tokens(layer, batch)
+    main = gemm("gemm", rows, d, o, e, bias=layer["bias"])
+    return (main, bias_grad("bias_grad", rows, o, e)) if layer["bias"] else (main,)
 
 
 def _linear_params(shape: tuple, a: dict) -> Any:
@@ -133,6 +140,8 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
         gemm("kv_proj", kv_rows, d, 2 * kv * hd, e, bias),
     )
     out_proj = gemm("out_proj", q_rows, h * hd, out, e, bias)
+    biases = (bias_grad("q_bias_grad", q_rows, h * hd, e), bias_grad("kv_bias_grad", kv_rows, 2 * kv * hd, e),
+              bias_grad("out_bias_grad", q_rows, out, e)) if bias else ()
     qk = Cost(fwd_flops=2 * scores * hd, bwd_data_flops=4 * scores * hd, depth=clog2(hd), bwd_depth=clog2(skv))
     av = Cost(fwd_flops=2 * scores * hd, bwd_data_flops=4 * scores * hd, depth=clog2(skv), bwd_depth=clog2(hd))
     softmax = Cost(fwd_flops=5 * scores, bwd_data_flops=4 * scores, depth=2 * clog2(skv), bwd_depth=clog2(skv))
@@ -143,7 +152,7 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
         fused = Cost(*(getattr(core, f) for f in ("fwd_flops", "bwd_data_flops", "bwd_weight_flops")),
                      fwd_bytes=qkv_bytes + e * batch * s * h * hd, bwd_bytes=3 * qkv_bytes,
                      depth=core.depth, bwd_depth=core.bwd_depth)
-        return (*projections, Kernel("flash_attention", "matmul", fused), out_proj)
+        return (*projections, Kernel("flash_attention", "matmul", fused), out_proj, *biases)
     score_bytes = e * scores
     # Splitting Q, K, V into heads and merging the context back are transposed copies in unfused
     # implementations (PyTorch's multi-head attention makes each contiguous): read + write of q, k, v and the
@@ -167,6 +176,7 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
         Kernel("attend", "matmul", av + Cost(fwd_bytes=score_bytes + k_bytes + e * batch * s * h * hd,
                                               bwd_bytes=2 * score_bytes + qkv_bytes)),
         out_proj,
+        *biases,
     ]
     return tuple(kernels)
 
@@ -225,16 +235,23 @@ ATTENTION = OpRule(
 
 
 def _cross_entropy_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    """Softmax over classes (max, exp, sum, divide ~ 5 FLOPs/element) + log-likelihood.
+
+    fused (Megatron's vocab-parallel loss): the backward p - onehot reads the saved probabilities and writes
+    the gradient, 2 passes. Unfused (PyTorch's F.cross_entropy = log_softmax + nll_loss): nll_loss's backward
+    writes a zero-filled gradient and scatters -1/N into it, then log_softmax's backward reads it and the saved
+    output and writes the input gradient, recomputing exp(output): 4 passes in 2 launches, the exp counted.
+    """
     n = batch * numel(layer.in_shape)
-    # softmax over classes (max, exp, sum, divide ~ 5 FLOPs/element) + log-likelihood; backward p - onehot.
+    fused = layer["fused"]
     return (Kernel("softmax_nll", "transcendental", Cost(
-        fwd_flops=5 * n, bwd_data_flops=n, fwd_bytes=2 * e * n, bwd_bytes=2 * e * n,
-        depth=2 * clog2(layer.in_shape[-1]), bwd_depth=1,
-    )),)
+        fwd_flops=5 * n, bwd_data_flops=n if fused else 3 * n, fwd_bytes=2 * e * n,
+        bwd_bytes=(2 if fused else 4) * e * n, depth=2 * clog2(layer.in_shape[-1]), bwd_depth=1,
+    ), launches=1 if fused else 2),)
 
 
 CROSS_ENTROPY = OpRule(
-    attrs={},
+    attrs={"fused": True},
     shape=lambda s, a: (1,),
     kernels=_cross_entropy_kernels,
     tp="vocab",

@@ -165,8 +165,11 @@ GLOBAL_AVGPOOL = OpRule(attrs={}, shape=lambda s, a: (need_rank(s, 3, "global_av
 
 def _add_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     n = batch * numel(layer.out_shape)
-    # y = a + b reads two, writes one; the gradient passes through unchanged (no backward kernel).
-    return (Kernel("add", "memory", Cost(fwd_flops=n, fwd_bytes=3 * e * n, depth=1)),)
+    # y = a + b reads two, writes one. Its gradient passes to both inputs unchanged, but the fork that fed the
+    # two paths (a residual's skip and branch) sums their gradients in backward: autograd's accumulation reads
+    # two and writes one, counted here as the merge's backward.
+    return (Kernel("add", "memory", Cost(fwd_flops=n, bwd_data_flops=n, fwd_bytes=3 * e * n, bwd_bytes=3 * e * n,
+                                         depth=1, bwd_depth=1)),)
 
 
 def _multiply_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
