@@ -201,7 +201,23 @@ def test_run_series_stops_before_a_call_would_pass_the_cap():
                                     progress=lambda done, total, what: calls.append((done, total)))
     assert [s.size for s in samples] == [1e6, 1e7, 1e8]         # 1e9 would take 1 s > 0.5 s
     assert "stopped after n=100000000.0" in skipped[0]
-    assert calls[-1] == (4, 4)
+    assert calls[-1] == (3, 3)   # the skipped point leaves the count
+
+
+def test_later_sweeps_keep_each_compute_points_fastest_median():
+    slow_then_fast = iter([2e-3, 1e-3, 1.5e-3])  # the machine was slow during the first sweep
+    copy_times = iter([4e-3, 1e-3])
+    series = [Series("matmul", "square", "fp32", (Point(1e6, "gemm", lambda: Fixed(next(slow_then_fast))),)),
+              Series("memory", "copy", "fp32", (Point(1e6, "copy", lambda: Fixed(next(copy_times))),))]
+    calls, hooks = [], []
+    samples, _ = C.run_series(series, TimingConfig(warmup=1, repeats=3), fixed_sampler, cap_s=1.0,
+                              progress=lambda done, total, what: calls.append((done, total)), passes=3,
+                              between_sweeps=hooks.append)
+    assert hooks == [1, 2, 3]                    # after every sweep: where --check times its training steps
+    gemm, copy = samples
+    assert gemm.timing.median == 1e-3            # the second sweep's, the fastest of three
+    assert copy.timing.median == 4e-3            # memory points are swept once (its retry rule aside)
+    assert calls[-1] == (4, 4)                   # 1 + 1 points, then 2 more sweeps of the GEMM
 
 
 def test_run_series_is_not_stopped_by_one_slow_outlier():
@@ -225,7 +241,7 @@ def synthetic_calibration(conv_rate: float = CONV_RATE) -> C.Calibration:
     """Exact Hockney data: every fit is known in advance."""
     samples = [C.Sample("launch", "tiny", "fp64", 1.0, "1", summarize([LAUNCH], 1))]
     for dtype, rate in RATES.items():
-        for family in ("square", "tall-skinny", "batched"):
+        for family in ("square", "linear", "batched"):
             samples += [C.Sample("matmul", family, dtype, n, f"{n:g}", summarize([T0["matmul"] + n / rate], 1))
                         for n in np.geomspace(1e4, 1e10, 7)]
     samples += [C.Sample("conv", "cifar", "fp32", n, f"{n:g}", summarize([T0["conv"] + n / conv_rate], 1))
@@ -246,7 +262,7 @@ def test_fit_all_names_and_values():
     assert [f.name for f in cal.fits if f.used] == [
         "matmul fp32", "matmul fp64", "conv fp32", "memory copy", "memory elementwise"]
     assert cal.fit("matmul fp32").rate == pytest.approx(2e11, rel=1e-8)
-    assert cal.fit("matmul fp32").points == 10  # square + tall-skinny at >= 1 MFLOP; batched is a detail
+    assert cal.fit("matmul fp32").points == 5  # the linear family at >= 1 MFLOP; square and batched are details
     assert cal.fit("matmul fp64 batched").rate == pytest.approx(1e11, rel=1e-8)
     assert cal.fit("memory copy").rate == pytest.approx(COPY_BW, rel=1e-9)
     assert cal.fit("memory elementwise").points == 2 * 3        # 2^28, 2^29, 2^30 for scale and triad
@@ -447,6 +463,9 @@ def test_check_keeps_the_fastest_round_per_model(monkeypatch):
         return summarize([next(script[step])], 1)
 
     monkeypatch.setattr(check, "time_kernel", fake_time_kernel)
-    best = check.best_of_rounds({"a": "a", "b": "b"}, quick=True, rounds=3)
+    rounds = check.StepRounds({"a": "a", "b": "b"}, quick=True)
+    for sweep in (1, 2, 3):
+        rounds(sweep)
+    best = rounds.best
     assert best["a"].median == 1.0 and best["b"].median == 4.0
     assert order == ["a", "b"] * 3          # round-robin, so a slow spell hits one round of each, not one model

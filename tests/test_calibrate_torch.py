@@ -75,9 +75,11 @@ def test_comm_rejects_unknown_collectives():
         comm.calibrate_comm(ops=("alltoall",))
 
 
-def test_data_parallel_step_runs_in_two_processes():
-    timing = check.measure_dp("mlp", 4, quick=True)
+def test_data_parallel_step_is_timed_between_the_ranks_calibration_sweeps():
+    cal, timing = check.data_parallel_rank(quick=True, kinds=("launch",))
     assert timing.repeats == check.steps_config(True).repeats and timing.median > 0
+    assert cal.environment["concurrent_processes"] == 2 and cal.environment["threads"] == 1
+    assert cal.launch is not None and cal.launch.median > 0
 
 
 def test_check_rows_and_verdict(tmp_path):

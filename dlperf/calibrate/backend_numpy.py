@@ -41,8 +41,22 @@ def _gemm(m: int, k: int, n: int, dtype: str, batch: int = 0) -> Kernel:
     return lambda: np.matmul(a, b, out=out)
 
 
+def _linear(m: int, k: int, n: int, dtype: str) -> Kernel:
+    """A linear layer's forward x W^T + b, data gradient dY W and weight gradient dY^T x (probes.TALL_*)."""
+    x, w, b = _rand((m, k), DTYPES[dtype]), _rand((n, k), DTYPES[dtype]), _rand((n,), DTYPES[dtype])
+    dy, y, dx, dw = _rand((m, n), DTYPES[dtype]), np.empty((m, n), DTYPES[dtype]), np.empty((m, k), DTYPES[dtype]), \
+        np.empty((n, k), DTYPES[dtype])
+
+    def step() -> None:
+        np.add(np.matmul(x, w.T, out=y), b, out=y)
+        np.matmul(dy, w, out=dx)
+        np.matmul(dy.T, x, out=dw)
+
+    return step
+
+
 def gemm_series(quick: bool) -> list[Series]:
-    return P.gemm_series(tuple(DTYPES), quick, _gemm)
+    return P.gemm_series(tuple(DTYPES), quick, _gemm, _linear)
 
 
 def _conv(shape: P.ConvShape, batch: int) -> Kernel:

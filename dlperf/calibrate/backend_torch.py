@@ -105,6 +105,19 @@ class TorchKernels:
         out = self.torch.empty((*lead, m, n), dtype=dtype, device=self.device)
         return lambda: self.torch.matmul(a, b, out=out)
 
+    def linear(self, m: int, k: int, n: int, name: str) -> Kernel:
+        """The three GEMMs of a linear layer's training step, as autograd calls them (probes.TALL_*)."""
+        t, dtype = self.torch, self._dtype(name)
+        x, w, b, dy = (self._rand(shape, dtype) for shape in ((m, k), (n, k), (n,), (m, n)))
+        y, dx, dw = (t.empty(shape, dtype=dtype, device=self.device) for shape in ((m, n), (m, k), (n, k)))
+
+        def step() -> None:
+            t.addmm(b, x, w.t(), out=y)
+            t.mm(dy, w, out=dx)
+            t.mm(dy.t(), x, out=dw)
+
+        return step
+
     def conv(self, shape: P.ConvShape, batch: int, backward: bool) -> Kernel:
         t = self.torch
         dtype = self._dtype("fp32")
@@ -147,17 +160,17 @@ class TorchKernels:
 
 
 def gemm_series(k: TorchKernels, quick: bool) -> list[Series]:
-    return P.gemm_series(k.dtypes, quick, k.gemm)
+    return P.gemm_series(k.dtypes, quick, k.gemm, k.linear, k.device)
 
 
 def conv_series(k: TorchKernels, quick: bool) -> list[Series]:
     batches = P.CONV_BATCH_QUICK if quick else P.CONV_BATCH_FULL
     out = []
     for shape in P.conv_shapes(quick):
-        for backward in (False, True):
-            factor = 2.0 if backward else 1.0
+        for backward in (False, True):  # backward: data and weight gradients, one forward's FLOPs each
             out.append(Series("conv", shape.name + (" bwd" if backward else ""), "fp32", tuple(
-                Point(factor * shape.flops(n), shape.label(n), lambda s=shape, n=n, bw=backward: k.conv(s, n, bw))
+                Point(shape.flops(n), shape.label(n), lambda s=shape, n=n, bw=backward: k.conv(s, n, bw),
+                      kernels=2 if backward else 1)
                 for n in batches)))
     return out
 

@@ -1,11 +1,13 @@
 """Run the kernel series, fit the constants, and keep everything in one Calibration record.
 
 Which points feed which fit:
-- matmul <dtype>: the square and tall-skinny GEMMs of that dtype in one Hockney curve (the engine sizes a GEMM
-  by its FLOPs alone): the shapes of linear layers, forward and backward, which carry most of a network's
-  FLOPs. Batched GEMMs (attention's QK^T and PV, a different kernel that runs ~20% slower on CPUs) are
-  fitted and reported beside it but do not pull the curve: attention's batched products are a few percent
-  of a transformer's FLOPs at ordinary sequence lengths (4 s d versus 24 d^2 per token and layer).
+- matmul <dtype>: the linear-layer GEMM triples (forward, data and weight gradient; probes.TALL_*) of that
+  dtype in one Hockney curve (the engine sizes a GEMM by its FLOPs alone): the shapes and layouts of linear
+  layers in training, which carry most of a network's FLOPs. Square GEMMs (the classic benchmark, faster
+  at the top: one untransposed A B) and batched GEMMs (attention's QK^T and PV, a different kernel that runs
+  ~20% slower on CPUs) are fitted and reported beside it but do not pull the curve: attention's batched
+  products are a few percent of a transformer's FLOPs at ordinary sequence lengths (4 s d versus 24 d^2 per
+  token and layer).
   Kernels under 1 MFLOP are reported but not fitted, for matmul and conv alike: they last a few
   microseconds, where the engine's time is mostly the launch term, and CPU BLAS runs them on a different
   path (no packing, one thread) whose rate does not follow the large kernels' Hockney curve.
@@ -21,6 +23,7 @@ Which points feed which fit:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import time
@@ -31,7 +34,7 @@ from typing import Any
 from dlperf.calibrate.environment import cache_sizes, describe, limit_threads, torch_module
 from dlperf.calibrate.fit import LineFit, fit_line
 from dlperf.calibrate.probes import Series
-from dlperf.calibrate.timing import FULL, QUICK, Sampler, Timing, TimingConfig, host_sampler, time_kernel
+from dlperf.calibrate.timing import FULL, QUICK, Sampler, Timing, TimingConfig, host_sampler, per_kernel, time_kernel
 from dlperf.errors import CalibrationError
 
 BACKENDS = ("auto", "numpy", "torch")
@@ -39,12 +42,20 @@ DEVICES = ("cpu", "cuda")
 # Kernels that behave like a network's element-wise layers (regular stores; some with exp/erf)
 ELEMENTWISE = ("scale", "add", "triad", "relu", "gelu", "tanh", "softmax")
 # GEMM families of the written matmul curve, and the smallest GEMM/convolution it is fitted to (module doc)
-MATMUL_FAMILIES = ("square", "tall-skinny")
+MATMUL_FAMILIES = ("linear",)
 MIN_FIT_FLOPS = 1e6
 # Re-timing of disturbed points (see `disturbed`).
 RETRIES = 2
 RETRY_SPREAD = 0.25
 SLOW_FRACTION = 0.5
+# Sweeps over the GEMM and convolution points, each point keeping its fastest median (best of PASSES, as
+# `calibrate --check` keeps each training step's fastest round). On a shared 2-core VM the multi-threaded
+# compute kernels drift by 20-40% over seconds-long windows with a tight spread inside each point (e.g. a
+# 8192x256x256 GEMM at 142 GFLOP/s in one sweep, 234 in the next), which re-timing a point at once cannot
+# see; sweeps spread over the run can. Memory kernels are swept once: their bandwidth stayed within 10%
+# across runs (20.4-22.3 GB/s), and they take half of a --quick run.
+PASSES = {True: 3, False: 5}
+SWEPT_AGAIN = ("matmul", "conv")
 # Longest single call a sweep will run before it stops growing a series (seconds).
 CALL_CAP = {True: 0.12, False: 0.6}
 # Working sets at or above this multiple of the last-level cache are taken as DRAM-resident.
@@ -54,6 +65,7 @@ MIN_DRAM_BYTES = 64 * 2**20
 BUSY_LOAD = 0.5
 
 Progress = Callable[[int, int, str], None]
+SweepHook = Callable[[int], None]
 
 
 @dataclass(frozen=True)
@@ -150,14 +162,17 @@ def disturbed(timing: Timing, rate: float, best_smaller: float, cls: str) -> boo
     return cls in ("matmul", "conv") and best_smaller > 0 and rate < SLOW_FRACTION * best_smaller
 
 
+def time_point(point: Any, config: TimingConfig, sampler: Sampler) -> Timing:
+    """Seconds per kernel of one point, its operands allocated for the timing and dropped after it."""
+    return per_kernel(time_kernel(point.make(), config, sampler), point.kernels)
+
+
 def measure_point(s: Series, point: Any, config: TimingConfig, sampler: Sampler, best_smaller: float) -> Sample:
     """Time one point; re-time it up to RETRIES times while it looks disturbed, keeping the fastest median."""
     best: Timing | None = None
     attempt = 0
     for attempt in range(1 + RETRIES):  # noqa: B007 - the count is kept
-        kernel = point.make()
-        timing = time_kernel(kernel, config, sampler)
-        del kernel
+        timing = time_point(point, config, sampler)
         if best is None or timing.median < best.median:
             best = timing
         if not disturbed(timing, point.size / timing.median, best_smaller, s.cls):
@@ -167,28 +182,55 @@ def measure_point(s: Series, point: Any, config: TimingConfig, sampler: Sampler,
 
 
 def run_series(series: list[Series], config: TimingConfig, sampler: Sampler, cap_s: float,
-               progress: Progress | None = None) -> tuple[list[Sample], list[str]]:
-    """Time every point of every series, in order of size; stop a series before a call would pass `cap_s`."""
-    total = sum(len(s.points) for s in series)
-    done, samples, skipped = 0, [], []
+               progress: Progress | None = None, passes: int = 1,
+               between_sweeps: SweepHook | None = None) -> tuple[list[Sample], list[str]]:
+    """Time every point of every series, in order of size; stop a series before a call would pass `cap_s`.
+    The GEMM and convolution points are then re-timed in `passes - 1` further sweeps (see PASSES);
+    `between_sweeps(k)` runs after sweep k (`calibrate --check` times its training steps there)."""
+    total = sum(len(s.points) * (passes if s.cls in SWEPT_AGAIN else 1) for s in series)
+    samples, skipped, timed = _first_pass(series, config, sampler, cap_s, progress, total)
+    done = len(timed)  # (points a series skipped leave the count)
+    total = done + (passes - 1) * sum(1 for s, _ in timed if s.cls in SWEPT_AGAIN)
+    for sweep in range(2, passes + 1):
+        if between_sweeps:
+            between_sweeps(sweep - 1)
+        for i, (s, point) in enumerate(timed):
+            if s.cls not in SWEPT_AGAIN:
+                continue
+            if progress:
+                progress(done, total, f"sweep {sweep}/{passes}: {s.cls} {s.family} {s.dtype} {point.label}")
+            timing = time_point(point, config, sampler)
+            if timing.median < samples[i].timing.median:
+                samples[i] = dataclasses.replace(samples[i], timing=timing)
+            done += 1
+    if between_sweeps:
+        between_sweeps(passes)
+    if progress:
+        progress(total, total, "done")
+    return samples, skipped
+
+
+def _first_pass(series: list[Series], config: TimingConfig, sampler: Sampler, cap_s: float,
+                progress: Progress | None, total: int) -> tuple[list[Sample], list[str], list[tuple[Series, Any]]]:
+    done, samples, skipped, timed = 0, [], [], []
     for s in series:
         last: Sample | None = None
         best_rate = 0.0  # the next call's time is estimated from the best rate so far: one slow outlier
         for i, point in enumerate(s.points):  # (a descheduled thread) must not end the series
-            if last is not None and point.size / best_rate > cap_s:
+            call_s = point.kernels * point.size / best_rate if last is not None else 0.0
+            if last is not None and call_s > cap_s:
                 skipped.append(f"{s.cls} {s.family} {s.dtype}: stopped after {last.label} (the next size would "
-                               f"take ~{point.size / best_rate:.2g} s per call)")
+                               f"take ~{call_s:.2g} s per call)")
                 done += len(s.points) - i
                 break
             if progress:
                 progress(done, total, f"{s.cls} {s.family} {s.dtype} {point.label}")
             last = measure_point(s, point, config, sampler, best_rate)
             samples.append(last)
+            timed.append((s, point))
             best_rate = max(best_rate, last.rate)
             done += 1
-    if progress:
-        progress(total, total, "done")
-    return samples, skipped
+    return samples, skipped, timed
 
 
 def dram_floor(samples: list[Sample]) -> float:
@@ -264,8 +306,10 @@ def _device_info(backend: str, device: str) -> tuple[str, float]:
 
 def calibrate(backend: str = "auto", device: str = "cpu", quick: bool = False, threads: int | None = None,
               progress: Progress | None = None,
-              kinds: tuple[str, ...] = ("launch", "matmul", "conv", "memory")) -> Calibration:
-    """Time the kernels of `kinds` on this machine and fit the model's constants."""
+              kinds: tuple[str, ...] = ("launch", "matmul", "conv", "memory"),
+              between_sweeps: SweepHook | None = None) -> Calibration:
+    """Time the kernels of `kinds` on this machine and fit the model's constants (`between_sweeps`: see
+    run_series)."""
     backend = choose_backend(backend, device)
     if threads is not None and (threads < 1 or device == "cuda"):
         raise CalibrationError("--threads", expected="a positive count, and only with --device cpu", found=threads)
@@ -278,7 +322,8 @@ def calibrate(backend: str = "auto", device: str = "cpu", quick: bool = False, t
         series, sampler = _series_for(backend, device, quick, kinds)
         context = _torch_flags(backend)
         with context:
-            samples, skipped = run_series(series, QUICK if quick else FULL, sampler, CALL_CAP[quick], progress)
+            samples, skipped = run_series(series, QUICK if quick else FULL, sampler, CALL_CAP[quick], progress,
+                                          PASSES[quick], between_sweeps)
     env["load_average_1min_at_start"] = round(load, 2)
     notes: list[str] = []
     retried = sum(1 for s in samples if s.retries)
@@ -300,32 +345,6 @@ def calibrate(backend: str = "auto", device: str = "cpu", quick: bool = False, t
         fits=fits, launch=launch[0] if launch else None, skipped=skipped,
         environment=env, started=started, seconds=time.perf_counter() - clock, dram_floor=floor, notes=notes,
     )
-
-
-def _concurrent_worker(rank: int, port: int, backend: str, quick: bool, threads: int | None) -> Calibration | None:
-    """One of two processes calibrating at once; they start together (a gloo barrier) and rank 0 reports."""
-    from dlperf.calibrate.comm import init_gloo
-
-    dist = init_gloo(rank, port, threads=threads or 1)
-    dist.barrier()
-    dist.destroy_process_group()
-    cal = calibrate(backend, "cpu", quick, threads)
-    return cal if rank == 0 else None
-
-
-def calibrate_concurrent(backend: str = "torch", quick: bool = False, threads: int = 1) -> Calibration:
-    """Calibrate one of 2 processes that run the same sweep at the same time, each with `threads` threads.
-
-    This is the device a data-parallel rank sees on a shared CPU: the other rank's work competes for the
-    shared caches and memory bandwidth (on this project's 2-core machine a 1-thread MLP step is ~25% slower
-    while a second process computes beside it), which a calibration run alone would not see.
-    """
-    from dlperf.calibrate.comm import spawn_pair
-
-    cal = spawn_pair(_concurrent_worker, (backend, quick, threads), timeout_s=1800.0)
-    cal.notes.append("measured in one of 2 processes calibrating at the same time (a data-parallel rank's view)")
-    cal.environment["concurrent_processes"] = 2
-    return cal
 
 
 def _torch_flags(backend: str) -> Any:

@@ -15,15 +15,16 @@ Kernel = Callable[[], object]
 
 @dataclass(frozen=True)
 class Point:
-    size: float                      # FLOPs for matmul/conv, bytes moved for memory, 1 for launch
+    size: float                      # FLOPs for matmul/conv, bytes moved for memory, 1 for launch: per kernel
     label: str                       # the shape, for tables and the calibration stamp
     make: Callable[[], Kernel]       # allocate operands, return the kernel to time
+    kernels: int = 1                 # kernels one call runs (the time is divided by it: seconds per kernel)
 
 
 @dataclass(frozen=True)
 class Series:
     cls: str                         # matmul | conv | memory | launch
-    family: str                      # square, tall-skinny, batched, copy, triad, resnet-3x3-64, ...
+    family: str                      # square, linear, batched, copy, triad, resnet-3x3-64, ...
     dtype: str
     points: tuple[Point, ...]        # in increasing size
 
@@ -31,10 +32,17 @@ class Series:
 # GEMM shapes (M, K, N): one multiply-add = 2 FLOPs (survey section 2c).
 SQUARE_FULL = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 SQUARE_QUICK = (16, 32, 64, 128, 256, 512, 1024)
-# Tall-skinny: a batch of M rows through a 256 -> 256 layer (MLP/transformer projections at small width).
-TALL_FULL = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-TALL_QUICK = (64, 256, 1024, 2048, 4096, 8192)  # several plateau points: r_inf averages over them
-TALL_WIDTH = 256
+SQUARE_GPU_EXTRA = (4096, 8192)  # a GPU's GEMM plateau lies beyond 2048^3 (17 GFLOP: ~30 us on an A100)
+# Linear: a batch of M rows through a W -> W linear layer, timed as the three GEMMs autograd runs for it in
+# one training step (forward X W^T + b, data gradient dY W, weight gradient dY^T X: 3 x 2MKN FLOPs), since
+# these, not one plain A B, are what a network's linear layers cost; on this project's CPU the transposed and
+# bias-fused variants ran ~8% below plain A B of the same size (225 vs 245 GFLOP/s at 4096x256x256). The
+# written matmul curve is fitted to this family alone (calibration.MATMUL_FAMILIES), from 4 rows (launch-
+# bound) to the plateau. W = 256 on a CPU (MLP/transformer projections at small width); a GPU needs a wider
+# layer to leave the launch-bound regime (4096: GPT-2-XL/LLaMA-7B width, 16384 rows = 1.6 TFLOP per step).
+TALL_FULL = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+TALL_QUICK = (4, 16, 64, 256, 1024, 2048, 4096, 8192)  # several plateau points: r_inf averages over them
+LINEAR_WIDTH = {"cpu": 256, "cuda": 4096}
 # Batched: attention scores, (b, n, 64) @ (b, 64, n) with b = 16 heads x batch.
 BATCHED_FULL = (32, 64, 128, 256, 512)
 BATCHED_QUICK = (32, 128, 512)
@@ -105,23 +113,28 @@ SOFTMAX_ROW = 1024
 
 
 GemmMaker = Callable[[int, int, int, str, int], Kernel]  # (m, k, n, dtype, batch; 0 = unbatched) -> kernel
+LinearMaker = Callable[[int, int, int, str], Kernel]     # (rows m, in k, out n, dtype) -> the 3 GEMMs
 
 
-def gemm_series(dtypes: tuple[str, ...], quick: bool, make: GemmMaker) -> list[Series]:
-    """Square, tall-skinny and batched GEMM series for each dtype, built by a backend's `make`."""
+def gemm_series(dtypes: tuple[str, ...], quick: bool, make: GemmMaker, linear: LinearMaker,
+                device: str = "cpu") -> list[Series]:
+    """Square, linear-layer and batched GEMM series for each dtype, built by a backend's `make`/`linear`."""
 
     def point(m: int, k: int, n: int, dtype: str, batch: int = 0) -> Point:
         label = f"{batch}x({m}x{k}x{n})" if batch else f"{m}x{k}x{n}"
         return Point(gemm_flops(m, k, n, max(batch, 1)), label, lambda: make(m, k, n, dtype, batch))
 
-    w, b, d = TALL_WIDTH, BATCH_HEADS, HEAD_DIM
+    def layer(m: int, dtype: str) -> Point:
+        return Point(gemm_flops(m, w, w), f"{m}x{w}x{w} (fwd, dX, dW)", lambda: linear(m, w, w, dtype), kernels=3)
+
+    w, b, d = LINEAR_WIDTH[device], BATCH_HEADS, HEAD_DIM
+    big = SQUARE_GPU_EXTRA if device == "cuda" else ()
     out = []
     for dtype in dtypes:
         out += [
             Series("matmul", "square", dtype,
-                   tuple(point(s, s, s, dtype) for s in (SQUARE_QUICK if quick else SQUARE_FULL))),
-            Series("matmul", "tall-skinny", dtype,
-                   tuple(point(m, w, w, dtype) for m in (TALL_QUICK if quick else TALL_FULL))),
+                   tuple(point(s, s, s, dtype) for s in (SQUARE_QUICK if quick else SQUARE_FULL) + big)),
+            Series("matmul", "linear", dtype, tuple(layer(m, dtype) for m in (TALL_QUICK if quick else TALL_FULL))),
             Series("matmul", "batched", dtype,
                    tuple(point(s, d, s, dtype, b) for s in (BATCHED_QUICK if quick else BATCHED_FULL))),
         ]

@@ -95,3 +95,12 @@ def time_kernel(fn: Callable[[], object], config: TimingConfig = FULL, sampler: 
         first = min(first, sample(fn, 1))
     inner = inner_calls(first, config)
     return summarize([sample(fn, inner) for _ in range(config.repeats)], inner)
+
+
+def per_kernel(timing: Timing, kernels: int) -> Timing:
+    """A timing of calls that each run `kernels` kernels, as seconds per kernel (the spread is unchanged)."""
+    if kernels == 1:
+        return timing
+    k = float(kernels)
+    return Timing(timing.median / k, timing.p25 / k, timing.p75 / k, timing.minimum / k, timing.maximum / k,
+                  timing.repeats, timing.inner)

@@ -30,6 +30,7 @@ class Progress:
             self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True,
                                          item_show_func=lambda item: item)
             self.bar.__enter__()
+        self.bar.length = total  # (the total can shrink once a series stops early)
         self.bar.current_item = what[:48]
         self.bar.update(done - self.bar.pos)
         if done >= total:
@@ -127,8 +128,9 @@ def calibrate(ctx: click.Context, device: str, backend: str, quick: bool, thread
     comm = None
     if with_comm or check:
         comm = _run_comm(quick)
-    progress = Progress("calibrating")
-    cal = calibration.calibrate(backend, device, quick, threads, progress)
+    rounds = check_mod.single_process_rounds(quick) if check else None  # timed between the sweeps
+    progress = Progress("calibrating" + (" (and timing the --check steps)" if check else ""))
+    cal = calibration.calibrate(backend, device, quick, threads, progress, between_sweeps=rounds)
     progress.close()
     _print_calibration(cal, fmt)
     levels = network.network_levels(network_from, comm)
@@ -138,7 +140,7 @@ def calibrate(ctx: click.Context, device: str, backend: str, quick: bool, thread
         click.echo(render(_comm_rows(comm), fmt, title="gloo collectives, 2 local processes (alpha-beta fits)"))
     result = None
     if check:
-        result = _run_check(cal, hw, comm, quick, threads, tolerance, fmt)
+        result = _run_check(hw, rounds.best, comm, quick, tolerance, fmt)
         extra = {**extra, **result.stamp()}
     if output:
         hwfile.write_hardware(output, cal, _name_for(output, name), levels, extra)
@@ -163,20 +165,18 @@ def _run_comm(quick: bool) -> Any:
     return calibrate_comm(quick)
 
 
-def _run_check(cal: Calibration, hw: Any, comm: Any, quick: bool, threads: int | None, tolerance: float,
-               fmt: str) -> Any:
-    """Calibrate a data-parallel rank's device (1 thread, beside a second process doing the same), then measure
-    and predict the models."""
-    from dlperf.calibrate import calibration, hwfile, network
+def _run_check(hw: Any, measured: dict[str, Any], comm: Any, quick: bool, tolerance: float, fmt: str) -> Any:
+    """Calibrate a data-parallel rank's device (1 thread, beside a second process doing the same) while timing
+    the data-parallel step between its sweeps, then predict every measured step."""
     from dlperf.calibrate import check as check_mod
+    from dlperf.calibrate import hwfile, network
 
-    click.echo("calibrating a data-parallel rank: 2 processes of 1 thread at once ...", err=True)
-    one = calibration.calibrate_concurrent("torch", quick, 1)
+    click.echo("calibrating a data-parallel rank (2 processes of 1 thread at once) and timing its step ...",
+               err=True)
+    one, dp_measured = check_mod.data_parallel_rank(quick)
     dp_hw = hwfile.check_text(hwfile.render(one, "calibrated-1-thread", network.network_levels(None, comm)),
                               "<calibrated, 1 thread>")
-    progress = Progress("check")
-    result = check_mod.run_check(hw, dp_hw, quick, threads, tolerance, progress=progress)
-    progress.close()
+    result = check_mod.run_check(hw, measured, dp_hw, dp_measured, tolerance)
     rows = [r.to_dict() for r in result.rows]
     title = (f"--check: predicted vs measured training step (SGD, fp32, CPU); median |error| "
              f"{100 * result.median_error:.1f}%")
