@@ -55,6 +55,7 @@ SLOW_FRACTION = 0.5
 # see; sweeps spread over the run can. Memory kernels are swept once: their bandwidth stayed within 10%
 # across runs (20.4-22.3 GB/s), and they take half of a --quick run.
 PASSES = {True: 3, False: 5}
+CHECK_PASSES = 5  # `calibrate --check` (quick or not): more rounds of its steps, paired with more sweeps
 SWEPT_AGAIN = ("matmul", "conv")
 # Longest single call a sweep will run before it stops growing a series (seconds).
 CALL_CAP = {True: 0.12, False: 0.6}
@@ -307,9 +308,9 @@ def _device_info(backend: str, device: str) -> tuple[str, float]:
 def calibrate(backend: str = "auto", device: str = "cpu", quick: bool = False, threads: int | None = None,
               progress: Progress | None = None,
               kinds: tuple[str, ...] = ("launch", "matmul", "conv", "memory"),
-              between_sweeps: SweepHook | None = None) -> Calibration:
+              between_sweeps: SweepHook | None = None, passes: int | None = None) -> Calibration:
     """Time the kernels of `kinds` on this machine and fit the model's constants (`between_sweeps`: see
-    run_series)."""
+    run_series; `passes`: sweeps over the compute kernels, PASSES by default)."""
     backend = choose_backend(backend, device)
     if threads is not None and (threads < 1 or device == "cuda"):
         raise CalibrationError("--threads", expected="a positive count, and only with --device cpu", found=threads)
@@ -323,7 +324,7 @@ def calibrate(backend: str = "auto", device: str = "cpu", quick: bool = False, t
         context = _torch_flags(backend)
         with context:
             samples, skipped = run_series(series, QUICK if quick else FULL, sampler, CALL_CAP[quick], progress,
-                                          PASSES[quick], between_sweeps)
+                                          passes or PASSES[quick], between_sweeps)
     env["load_average_1min_at_start"] = round(load, 2)
     notes: list[str] = []
     retried = sum(1 for s in samples if s.retries)

@@ -127,12 +127,16 @@ def single_process_rounds(quick: bool) -> StepRounds:
 
 
 class _DataParallelRounds:
-    """One rank's rounds of the data-parallel MLP (DDP over gloo): every sample starts after a barrier, and
-    rank 0's clock is the measurement."""
+    """One rank's rounds of the data-parallel MLP (DDP over gloo) and of the gloo allreduce it runs: every
+    sample starts after a barrier, and rank 0's clock is the measurement. Timing the allreduce here, in the
+    same minutes as the step, rather than in `calibrate comm` before it, pairs the network level of the
+    prediction with the step it predicts, as the kernel sweeps are paired with it."""
 
-    def __init__(self, dist: Any, step: Any, quick: bool) -> None:
-        self.dist, self.step, self.config = dist, step, steps_config(quick)
+    def __init__(self, dist: Any, rank: int, step: Any, quick: bool) -> None:
+        self.dist, self.rank, self.step, self.quick = dist, rank, step, quick
+        self.config = steps_config(quick)
         self.best: Timing | None = None
+        self.allreduce: dict[int, float] = {}  # bytes -> fastest median seconds (rank 0)
         for _ in range(self.config.warmup):
             step()
 
@@ -147,17 +151,38 @@ class _DataParallelRounds:
             samples.append(time.perf_counter() - start)
         timing = summarize(samples, 1)
         self.best = timing if self.best is None or timing.median < self.best.median else self.best
+        self._time_allreduce()
+
+    def _time_allreduce(self) -> None:
+        from dlperf.calibrate import comm
+
+        for nbytes in comm.SIZES_QUICK:
+            fn = comm.collective(self.dist, "allreduce", nbytes, self.rank)
+            timing = comm.sync_timing(self.dist, fn, self.rank, comm.COMM_QUICK)
+            if timing is not None:
+                self.allreduce[nbytes] = min(self.allreduce.get(nbytes, timing.median), timing.median)
+
+    def comm_calibration(self, started: str, seconds: float) -> Any:
+        from dlperf.calibrate import comm
+
+        sizes = sorted(self.allreduce)
+        fit = comm.fit_alpha_beta([float(n) for n in sizes], [self.allreduce[n] for n in sizes],
+                                  "gloo allreduce between sweeps")
+        return comm.CommCalibration({"allreduce": comm.CommFit("allreduce", fit, tuple(map(float, sizes)), tuple(
+            self.allreduce[n] for n in sizes))}, started, seconds, comm.torch_version(),
+            ["allreduce timed between the calibration's sweeps, beside the data-parallel step"])
 
 
 def _dp_rank(rank: int, port: int, name: str, batch: int, quick: bool,
-             kinds: tuple[str, ...]) -> tuple[Any, Timing | None] | None:
+             kinds: tuple[str, ...]) -> tuple[Any, Timing | None, Any] | None:
     """One of the 2 data-parallel processes: calibrate this rank's device (1 thread, while the other rank
-    calibrates too) with the data-parallel step rounds timed between the sweeps; rank 0 reports both."""
+    calibrates too) with the data-parallel step and its allreduce timed between the sweeps; rank 0 reports
+    (calibration, step timing, allreduce calibration)."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
     from dlperf.calibrate import check_nets as N
-    from dlperf.calibrate.calibration import calibrate
+    from dlperf.calibrate.calibration import CHECK_PASSES, calibrate
     from dlperf.calibrate.comm import init_gloo
 
     dist = init_gloo(rank, port, threads=1)
@@ -165,29 +190,32 @@ def _dp_rank(rank: int, port: int, name: str, batch: int, quick: bool,
         model, make = N.build(name)
         ddp = DistributedDataParallel(model)
         x, y = make(batch)
-        rounds = _DataParallelRounds(dist, N.train_step(ddp, torch.optim.SGD(ddp.parameters(), lr=LEARNING_RATE),
-                                                        x, y), quick)
+        rounds = _DataParallelRounds(dist, rank, N.train_step(
+            ddp, torch.optim.SGD(ddp.parameters(), lr=LEARNING_RATE), x, y), quick)
         dist.barrier()
-        cal = calibrate("torch", "cpu", quick, 1, kinds=kinds, between_sweeps=rounds)
+        cal = calibrate("torch", "cpu", quick, 1, kinds=kinds, between_sweeps=rounds, passes=CHECK_PASSES)
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    return (cal, rounds.best) if rank == 0 else None
+    if rank != 0:
+        return None
+    return cal, rounds.best, rounds.comm_calibration(cal.started, cal.seconds)
 
 
 def data_parallel_rank(quick: bool, name: str = DP_MODEL,
-                       kinds: tuple[str, ...] = ("launch", "matmul", "conv", "memory")) -> tuple[Any, Timing]:
-    """(calibration of one data-parallel rank's device, measured data-parallel step of `name`).
+                       kinds: tuple[str, ...] = ("launch", "matmul", "conv", "memory")) -> tuple[Any, Timing, Any]:
+    """(calibration of one data-parallel rank's device, measured data-parallel step of `name`, the gloo
+    allreduce measured beside it as a CommCalibration).
 
     The device a rank sees on a shared CPU is one core while the other rank computes beside it (competing for
     the shared caches and memory bandwidth: on this project's 2-core machine a 1-thread MLP step is ~25%
     slower then), which a calibration run alone would not see; so both processes calibrate at once."""
     from dlperf.calibrate.comm import spawn_pair
 
-    cal, timing = spawn_pair(_dp_rank, (name, BATCH[name], quick, kinds), timeout_s=1800.0)
+    cal, timing, comm = spawn_pair(_dp_rank, (name, BATCH[name], quick, kinds), timeout_s=1800.0)
     cal.notes.append("measured in one of 2 processes calibrating at the same time (a data-parallel rank's view)")
     cal.environment["concurrent_processes"] = 2
-    return cal, timing
+    return cal, timing, comm
 
 
 def predict_step(name: str, hardware: Any, devices: int, global_batch: int) -> Any:

@@ -148,7 +148,7 @@ def spawn_pair(target: Callable[..., Any], args: tuple = (), timeout_s: float = 
     return payload
 
 
-def _sync_timing(dist: Any, fn: Callable[[], object], rank: int, config: TimingConfig) -> Any:
+def sync_timing(dist: Any, fn: Callable[[], object], rank: int, config: TimingConfig) -> Any:
     """time_kernel for a collective: both ranks must make the same number of calls, so rank 0 chooses the
     inner count and broadcasts it; a barrier starts every sample together; rank 0's clock is the result."""
     import time
@@ -171,7 +171,7 @@ def _sync_timing(dist: Any, fn: Callable[[], object], rank: int, config: TimingC
     return summarize(samples, inner) if rank == 0 else None
 
 
-def _collective(dist: Any, op: str, nbytes: int, rank: int) -> Callable[[], object]:
+def collective(dist: Any, op: str, nbytes: int, rank: int) -> Callable[[], object]:
     import torch
 
     n = max(1, nbytes // 4)
@@ -203,7 +203,7 @@ def _comm_worker(rank: int, port: int, ops: tuple[str, ...], sizes: tuple[int, .
     try:
         for op in ops:
             for nbytes in sizes:
-                timing = _sync_timing(dist, _collective(dist, op, nbytes, rank), rank, config)
+                timing = sync_timing(dist, collective(dist, op, nbytes, rank), rank, config)
                 if rank == 0:
                     median = timing.median / (2 if op == "sendrecv" else 1)
                     out.setdefault(op, []).append((float(nbytes), median))
@@ -211,6 +211,12 @@ def _comm_worker(rank: int, port: int, ops: tuple[str, ...], sizes: tuple[int, .
     finally:
         dist.destroy_process_group()
     return out
+
+
+def torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
 
 
 def calibrate_comm(quick: bool = False, ops: tuple[str, ...] = OPS, sizes: tuple[int, ...] | None = None,

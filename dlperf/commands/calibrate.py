@@ -130,7 +130,8 @@ def calibrate(ctx: click.Context, device: str, backend: str, quick: bool, thread
         comm = _run_comm(quick)
     rounds = check_mod.single_process_rounds(quick) if check else None  # timed between the sweeps
     progress = Progress("calibrating" + (" (and timing the --check steps)" if check else ""))
-    cal = calibration.calibrate(backend, device, quick, threads, progress, between_sweeps=rounds)
+    cal = calibration.calibrate(backend, device, quick, threads, progress, between_sweeps=rounds,
+                                passes=calibration.CHECK_PASSES if check else None)
     progress.close()
     _print_calibration(cal, fmt)
     levels = network.network_levels(network_from, comm)
@@ -173,8 +174,8 @@ def _run_check(hw: Any, measured: dict[str, Any], comm: Any, quick: bool, tolera
 
     click.echo("calibrating a data-parallel rank (2 processes of 1 thread at once) and timing its step ...",
                err=True)
-    one, dp_measured = check_mod.data_parallel_rank(quick)
-    dp_hw = hwfile.check_text(hwfile.render(one, "calibrated-1-thread", network.network_levels(None, comm)),
+    one, dp_measured, dp_comm = check_mod.data_parallel_rank(quick)
+    dp_hw = hwfile.check_text(hwfile.render(one, "calibrated-1-thread", network.network_levels(None, dp_comm)),
                               "<calibrated, 1 thread>")
     result = check_mod.run_check(hw, measured, dp_hw, dp_measured, tolerance)
     rows = [r.to_dict() for r in result.rows]
