@@ -220,6 +220,16 @@ def test_later_sweeps_keep_each_compute_points_fastest_median():
     assert calls[-1] == (4, 4)                   # 1 + 1 points, then 2 more sweeps of the GEMM
 
 
+def test_a_call_of_several_kernels_is_timed_per_kernel():
+    # one call runs the three GEMMs of a linear layer: 3 ms per call is 1 ms per kernel of 1e6 FLOPs; the cap
+    # estimate for the next point counts the whole call (3 x 2e9 / 1e9 FLOP/s = 6 s > 5 s), so it stops there
+    series = [Series("matmul", "linear", "fp32", tuple(
+        Point(size, f"n={size}", lambda size=size: Fixed(3 * size / 1e9), kernels=3) for size in (1e6, 2e9)))]
+    samples, skipped = C.run_series(series, TimingConfig(warmup=1, repeats=3), fixed_sampler, cap_s=5.0)
+    assert [s.timing.median for s in samples] == [pytest.approx(1e-3)] and samples[0].rate == pytest.approx(1e9)
+    assert "take ~6 s per call" in skipped[0]
+
+
 def test_run_series_is_not_stopped_by_one_slow_outlier():
     # the 1e7 point is 100x slow (a descheduled thread); the next size is estimated from the best rate so far
     series = [_series("memory", "copy", "fp64", [1e6, 1e7, 1e8], lambda n: 1.0 if n == 1e7 else n / 1e9)]
@@ -365,7 +375,7 @@ def test_missing_fits_are_refused():
 def tiny_sweep(monkeypatch):
     """Shrink the --quick tables so that a real numpy calibration takes about a second."""
     monkeypatch.setattr(probes, "SQUARE_QUICK", (16, 32, 64))
-    monkeypatch.setattr(probes, "TALL_QUICK", (64, 128))
+    monkeypatch.setattr(probes, "LINEAR_ROWS_QUICK", (64, 128))
     monkeypatch.setattr(probes, "BATCHED_QUICK", (16, 32))
     monkeypatch.setattr(probes, "CONV_QUICK", ("cifar-3x3-32", "lenet-5x5-6-16"))
     monkeypatch.setattr(probes, "CONV_BATCH_QUICK", (1, 2))

@@ -1,7 +1,7 @@
 """The proof of issue #7 as a test: calibrate this machine, then predict and time real training steps.
 
 Opt-in (`python -m pytest --hardware tests/test_calibrate_check_hw.py`): it runs `dlperf calibrate --check
---quick` (about 80 s on a 2-core CPU) and its verdict depends on how quiet the machine is, so the default
+--quick` (about 2 minutes on a 2-core CPU) and its verdict depends on how quiet the machine is, so the default
 suite and CI skip it; benchmarks/bench_calibrate.py --check N prints the same figures over N runs.
 """
 

@@ -18,7 +18,7 @@ from dlperf.spec.hardware import load_hardware
 def tiny_sweep(monkeypatch):
     """Shrink the --quick tables so that a real numpy calibration takes about a second."""
     monkeypatch.setattr(probes, "SQUARE_QUICK", (16, 32, 64))
-    monkeypatch.setattr(probes, "TALL_QUICK", (64, 128))
+    monkeypatch.setattr(probes, "LINEAR_ROWS_QUICK", (64, 128))
     monkeypatch.setattr(probes, "BATCHED_QUICK", (16, 32))
     monkeypatch.setattr(probes, "CONV_QUICK", ("cifar-3x3-32",))
     monkeypatch.setattr(probes, "CONV_BATCH_QUICK", (1, 2))

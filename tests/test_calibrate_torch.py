@@ -99,5 +99,13 @@ def test_check_rows_and_verdict(tmp_path):
     assert result.stamp()["check"]["passed"] is False
     pred = check.predict_step("mlp", load_hardware(tmp_path / "hw.yaml"), 1, 16)
     assert math.isfinite(pred.step_time_s) and pred.step_time_s > 0
+    measured = {name: summarize([0.01], 1) for name in check.MODELS}
+    full = check.run_check(load_hardware(tmp_path / "hw.yaml"), measured, load_hardware(tmp_path / "hw.yaml"),
+                           summarize([0.02], 1))
+    assert [(r.model, r.setup, r.batch) for r in full.rows] == [
+        ("mlp", "1 process", check.BATCH["mlp"]), ("cnn", "1 process", check.BATCH["cnn"]),
+        ("transformer", "1 process", check.BATCH["transformer"]),
+        ("mlp", "dp=2 (gloo, 1 thread each)", 2 * check.BATCH["mlp"])]
+    assert all(r.predicted_s > 0 and r.error == pytest.approx(r.predicted_s / r.measured.median - 1) for r in full.rows)
     assert hw.name == "hw"
 

@@ -27,6 +27,32 @@ def test_linear_counts():
     assert k.cost.bwd_data_flops == k.cost.bwd_weight_flops == 2 * 40 * 64 * 32
 
 
+def test_linear_bias_gradient_is_its_own_memory_bound_reduction():
+    m, k, n, e = 40, 64, 32, 4
+    gemm, bias = OPS["linear"].kernels(_layer("linear", (10, k), out=n, bias=True), 4, e)
+    assert gemm.cost.fwd_flops == 2 * m * k * n + m * n          # the bias add rides in the GEMM's epilogue
+    assert gemm.cost.bwd_weight_flops == 2 * m * k * n
+    assert (bias.cls, bias.cost.fwd_flops, bias.cost.fwd_bytes) == ("memory", 0, 0)
+    assert bias.cost.bwd_weight_flops == m * n and bias.cost.bwd_bytes == e * (m * n + n)
+    assert (bias.launches, bias.backward_launches) == (0, 1)
+    assert gemm.cost.work + bias.cost.work == 6 * m * k * n + 2 * m * n  # the total is what it was
+
+
+def test_residual_add_sums_the_forks_gradients_in_backward():
+    (add,) = OPS["add"].kernels(_layer("add", (10, 64)), 4, 2)
+    n = 4 * 10 * 64
+    assert add.cost.fwd_bytes == add.cost.bwd_bytes == 3 * 2 * n and add.backward_launches == 1
+
+
+def test_unfused_cross_entropy_makes_four_backward_passes_in_three_kernels():
+    n, e = 4 * 16 * 100, 4
+    (fused,) = OPS["cross_entropy"].kernels(_layer("cross_entropy", (16, 100)), 4, e)
+    (torch_ce,) = OPS["cross_entropy"].kernels(_layer("cross_entropy", (16, 100), fused=False), 4, e)
+    assert fused.cost.fwd_bytes == torch_ce.cost.fwd_bytes == 2 * e * n
+    assert (fused.cost.bwd_bytes, torch_ce.cost.bwd_bytes) == (2 * e * n, 4 * e * n)
+    assert (fused.launches, fused.backward_launches, torch_ce.launches, torch_ce.backward_launches) == (1, 1, 2, 3)
+
+
 def test_conv_direct_equals_im2col_and_matches_formula():
     layer = _layer("conv2d", (64, 56, 56), out=128, kernel=3, padding=1, bias=False)
     direct = algorithm_kernel(layer, "direct", 8, 2)

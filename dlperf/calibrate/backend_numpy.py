@@ -42,7 +42,7 @@ def _gemm(m: int, k: int, n: int, dtype: str, batch: int = 0) -> Kernel:
 
 
 def _linear(m: int, k: int, n: int, dtype: str) -> Kernel:
-    """A linear layer's forward x W^T + b, data gradient dY W and weight gradient dY^T x (probes.TALL_*)."""
+    """A linear layer's forward x W^T + b, data gradient dY W and weight gradient dY^T x (probes.LINEAR_ROWS_*)."""
     x, w, b = _rand((m, k), DTYPES[dtype]), _rand((n, k), DTYPES[dtype]), _rand((n,), DTYPES[dtype])
     dy, y, dx, dw = _rand((m, n), DTYPES[dtype]), np.empty((m, n), DTYPES[dtype]), np.empty((m, k), DTYPES[dtype]), \
         np.empty((n, k), DTYPES[dtype])

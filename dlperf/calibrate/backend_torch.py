@@ -106,7 +106,7 @@ class TorchKernels:
         return lambda: self.torch.matmul(a, b, out=out)
 
     def linear(self, m: int, k: int, n: int, name: str) -> Kernel:
-        """The three GEMMs of a linear layer's training step, as autograd calls them (probes.TALL_*)."""
+        """The three GEMMs of a linear layer's training step, as autograd calls them (probes.LINEAR_ROWS_*)."""
         t, dtype = self.torch, self._dtype(name)
         x, w, b, dy = (self._rand(shape, dtype) for shape in ((m, k), (n, k), (n,), (m, n)))
         y, dx, dw = (t.empty(shape, dtype=dtype, device=self.device) for shape in ((m, n), (m, k), (n, k)))

@@ -1,7 +1,7 @@
 """Run the kernel series, fit the constants, and keep everything in one Calibration record.
 
 Which points feed which fit:
-- matmul <dtype>: the linear-layer GEMM triples (forward, data and weight gradient; probes.TALL_*) of that
+- matmul <dtype>: the linear-layer GEMM triples (forward, data and weight gradient; probes.LINEAR_ROWS_*) of that
   dtype in one Hockney curve (the engine sizes a GEMM by its FLOPs alone): the shapes and layouts of linear
   layers in training, which carry most of a network's FLOPs. Square GEMMs (the classic benchmark, faster
   at the top: one untransposed A B) and batched GEMMs (attention's QK^T and PV, a different kernel that runs
@@ -52,8 +52,9 @@ SLOW_FRACTION = 0.5
 # `calibrate --check` keeps each training step's fastest round). On a shared 2-core VM the multi-threaded
 # compute kernels drift by 20-40% over seconds-long windows with a tight spread inside each point (e.g. a
 # 8192x256x256 GEMM at 142 GFLOP/s in one sweep, 234 in the next), which re-timing a point at once cannot
-# see; sweeps spread over the run can. Memory kernels are swept once: their bandwidth stayed within 10%
-# across runs (20.4-22.3 GB/s), and they take half of a --quick run.
+# see; sweeps spread over the run can (--check: CHECK_PASSES, one round of its steps after each). Memory
+# kernels are swept once: their bandwidth stayed within 10% across runs (20.4-22.3 GB/s), and one sweep of
+# them takes about as long as one of the compute kernels.
 PASSES = {True: 3, False: 5}
 CHECK_PASSES = 5  # `calibrate --check` (quick or not): more rounds of its steps, paired with more sweeps
 SWEPT_AGAIN = ("matmul", "conv")
@@ -189,9 +190,9 @@ def run_series(series: list[Series], config: TimingConfig, sampler: Sampler, cap
     The GEMM and convolution points are then re-timed in `passes - 1` further sweeps (see PASSES);
     `between_sweeps(k)` runs after sweep k (`calibrate --check` times its training steps there)."""
     total = sum(len(s.points) * (passes if s.cls in SWEPT_AGAIN else 1) for s in series)
-    samples, skipped, timed = _first_pass(series, config, sampler, cap_s, progress, total)
-    done = len(timed)  # (points a series skipped leave the count)
-    total = done + (passes - 1) * sum(1 for s, _ in timed if s.cls in SWEPT_AGAIN)
+    samples, skipped, timed = _first_pass(series, config, sampler, cap_s, progress, total, passes)
+    done = len(timed)
+    total = done + (passes - 1) * sum(1 for s, _ in timed if s.cls in SWEPT_AGAIN)  # (skipped points left out)
     for sweep in range(2, passes + 1):
         if between_sweeps:
             between_sweeps(sweep - 1)
@@ -212,7 +213,8 @@ def run_series(series: list[Series], config: TimingConfig, sampler: Sampler, cap
 
 
 def _first_pass(series: list[Series], config: TimingConfig, sampler: Sampler, cap_s: float,
-                progress: Progress | None, total: int) -> tuple[list[Sample], list[str], list[tuple[Series, Any]]]:
+                progress: Progress | None, total: int,
+                passes: int) -> tuple[list[Sample], list[str], list[tuple[Series, Any]]]:
     done, samples, skipped, timed = 0, [], [], []
     for s in series:
         last: Sample | None = None
@@ -222,7 +224,7 @@ def _first_pass(series: list[Series], config: TimingConfig, sampler: Sampler, ca
             if last is not None and call_s > cap_s:
                 skipped.append(f"{s.cls} {s.family} {s.dtype}: stopped after {last.label} (the next size would "
                                f"take ~{call_s:.2g} s per call)")
-                done += len(s.points) - i
+                total -= (len(s.points) - i) * (1 + (passes - 1) * (s.cls in SWEPT_AGAIN))
                 break
             if progress:
                 progress(done, total, f"{s.cls} {s.family} {s.dtype} {point.label}")
@@ -317,6 +319,8 @@ def calibrate(backend: str = "auto", device: str = "cpu", quick: bool = False, t
     started = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     clock = time.perf_counter()
+    sweeps = passes or PASSES[quick]
+    hook = _TimedHook(between_sweeps) if between_sweeps else None
     with limit_threads(threads):
         name, memory = _device_info(backend, device)
         env = describe(backend, device, name)
@@ -324,8 +328,9 @@ def calibrate(backend: str = "auto", device: str = "cpu", quick: bool = False, t
         context = _torch_flags(backend)
         with context:
             samples, skipped = run_series(series, QUICK if quick else FULL, sampler, CALL_CAP[quick], progress,
-                                          passes or PASSES[quick], between_sweeps)
+                                          sweeps, hook)
     env["load_average_1min_at_start"] = round(load, 2)
+    env["sweeps"] = sweeps
     notes: list[str] = []
     retried = sum(1 for s in samples if s.retries)
     if retried:
@@ -344,8 +349,21 @@ def calibrate(backend: str = "auto", device: str = "cpu", quick: bool = False, t
     return Calibration(
         backend=backend, device=device, device_name=name, device_memory=memory, quick=quick, samples=samples,
         fits=fits, launch=launch[0] if launch else None, skipped=skipped,
-        environment=env, started=started, seconds=time.perf_counter() - clock, dram_floor=floor, notes=notes,
+        environment=env, started=started, seconds=time.perf_counter() - clock - (hook.seconds if hook else 0.0),
+        dram_floor=floor, notes=notes,
     )
+
+
+class _TimedHook:
+    """The between-sweeps hook, with the time spent in it kept apart from the calibration's own duration."""
+
+    def __init__(self, hook: SweepHook) -> None:
+        self.hook, self.seconds = hook, 0.0
+
+    def __call__(self, sweep: int) -> None:
+        start = time.perf_counter()
+        self.hook(sweep)
+        self.seconds += time.perf_counter() - start
 
 
 def _torch_flags(backend: str) -> Any:

@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from dlperf.calibrate.timing import Timing, TimingConfig, summarize, time_kernel
+from dlperf.calibrate.timing import Timing, TimingConfig, time_kernel
 from dlperf.errors import CalibrationError
 
 MODELS = ("mlp", "cnn", "transformer")
@@ -25,6 +25,7 @@ DP_MODEL = "mlp"
 TOLERANCE = 0.20
 MEDIAN_TOLERANCE = 0.10
 LEARNING_RATE = 0.01
+DP_TIMEOUT_S = 1800.0  # the 2-process data-parallel calibration and check, start to end
 
 
 def steps_config(quick: bool) -> TimingConfig:
@@ -133,44 +134,30 @@ class _DataParallelRounds:
     prediction with the step it predicts, as the kernel sweeps are paired with it."""
 
     def __init__(self, dist: Any, rank: int, step: Any, quick: bool) -> None:
-        self.dist, self.rank, self.step, self.quick = dist, rank, step, quick
-        self.config = steps_config(quick)
+        self.dist, self.rank, self.step, self.config = dist, rank, step, steps_config(quick)
         self.best: Timing | None = None
         self.allreduce: dict[int, float] = {}  # bytes -> fastest median seconds (rank 0)
         for _ in range(self.config.warmup):
             step()
 
     def __call__(self, _sweep: int = 0) -> None:
-        import time
-
-        samples = []
-        for _ in range(self.config.repeats):
-            self.dist.barrier()
-            start = time.perf_counter()
-            self.step()
-            samples.append(time.perf_counter() - start)
-        timing = summarize(samples, 1)
-        self.best = timing if self.best is None or timing.median < self.best.median else self.best
-        self._time_allreduce()
-
-    def _time_allreduce(self) -> None:
         from dlperf.calibrate import comm
 
+        timing = comm.sync_timing(self.dist, self.step, self.rank, self.config)  # one step per sample
+        if timing is not None and (self.best is None or timing.median < self.best.median):
+            self.best = timing
         for nbytes in comm.SIZES_QUICK:
             fn = comm.collective(self.dist, "allreduce", nbytes, self.rank)
             timing = comm.sync_timing(self.dist, fn, self.rank, comm.COMM_QUICK)
             if timing is not None:
                 self.allreduce[nbytes] = min(self.allreduce.get(nbytes, timing.median), timing.median)
 
-    def comm_calibration(self, started: str, seconds: float) -> Any:
+    def comm_calibration(self, started: str) -> Any:
         from dlperf.calibrate import comm
 
-        sizes = sorted(self.allreduce)
-        fit = comm.fit_alpha_beta([float(n) for n in sizes], [self.allreduce[n] for n in sizes],
-                                  "gloo allreduce between sweeps")
-        return comm.CommCalibration({"allreduce": comm.CommFit("allreduce", fit, tuple(map(float, sizes)), tuple(
-            self.allreduce[n] for n in sizes))}, started, seconds, comm.torch_version(),
-            ["allreduce timed between the calibration's sweeps, beside the data-parallel step"])
+        raw = {"allreduce": [(float(n), self.allreduce[n]) for n in sorted(self.allreduce)]}
+        return comm.fit_collectives(raw, started, 0.0,
+                                    ["allreduce timed between the calibration's sweeps, beside the data-parallel step"])
 
 
 def _dp_rank(rank: int, port: int, name: str, batch: int, quick: bool,
@@ -185,13 +172,15 @@ def _dp_rank(rank: int, port: int, name: str, batch: int, quick: bool,
     from dlperf.calibrate.calibration import CHECK_PASSES, calibrate
     from dlperf.calibrate.comm import init_gloo
 
-    dist = init_gloo(rank, port, threads=1)
+    # the ranks' sweeps need not end together (re-timed points, a series that stops a size earlier): a barrier
+    # may wait for a whole sweep of the other rank, so gloo gets the run's budget, not its default 120 s
+    dist = init_gloo(rank, port, threads=1, timeout_s=DP_TIMEOUT_S)
     try:
         model, make = N.build(name)
-        # Gradients allreduced in place in DDP's buckets, as dlperf's data-parallel model (and Megatron's
-        # contiguous gradient buffer) assumes; DDP's default copies every gradient into its bucket and back,
-        # 4 extra passes over the gradients (~2-3 ms of this MLP's ~25 ms step here) that the model does not price.
-        ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
+        # DDP's defaults, as users run it: it copies every gradient into its bucket and back (passes over the
+        # gradients that dlperf's data-parallel model, like Megatron's contiguous gradient buffer, does not
+        # price); gradient_as_bucket_view would not avoid them here, since train_step sets grads to None.
+        ddp = DistributedDataParallel(model)
         x, y = make(batch)
         rounds = _DataParallelRounds(dist, rank, N.train_step(
             ddp, torch.optim.SGD(ddp.parameters(), lr=LEARNING_RATE), x, y), quick)
@@ -202,7 +191,7 @@ def _dp_rank(rank: int, port: int, name: str, batch: int, quick: bool,
         dist.destroy_process_group()
     if rank != 0:
         return None
-    return cal, rounds.best, rounds.comm_calibration(cal.started, cal.seconds)
+    return cal, rounds.best, rounds.comm_calibration(cal.started)
 
 
 def data_parallel_rank(quick: bool, name: str = DP_MODEL,
@@ -215,7 +204,7 @@ def data_parallel_rank(quick: bool, name: str = DP_MODEL,
     slower then), which a calibration run alone would not see; so both processes calibrate at once."""
     from dlperf.calibrate.comm import spawn_pair
 
-    cal, timing, comm = spawn_pair(_dp_rank, (name, BATCH[name], quick, kinds), timeout_s=1800.0)
+    cal, timing, comm = spawn_pair(_dp_rank, (name, BATCH[name], quick, kinds), timeout_s=DP_TIMEOUT_S)
     cal.notes.append("measured in one of 2 processes calibrating at the same time (a data-parallel rank's view)")
     cal.environment["concurrent_processes"] = 2
     return cal, timing, comm

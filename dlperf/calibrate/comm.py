@@ -87,7 +87,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_gloo(rank: int, port: int, threads: int = 1) -> Any:
+def init_gloo(rank: int, port: int, threads: int = 1, timeout_s: float = 120.0) -> Any:
     """Join a 2-process gloo group over loopback (the TCP store and the gloo transport both on 127.0.0.1)."""
     import torch
     import torch.distributed as dist
@@ -96,7 +96,7 @@ def init_gloo(rank: int, port: int, threads: int = 1) -> Any:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=dt.timedelta(seconds=120))
+                            timeout=dt.timedelta(seconds=timeout_s))
     return dist
 
 
@@ -239,8 +239,14 @@ def calibrate_comm(quick: bool = False, ops: tuple[str, ...] = OPS, sizes: tuple
     clock = time.perf_counter()
     chosen = sizes or (SIZES_QUICK if quick else SIZES_FULL)
     raw = spawn_pair(_comm_worker, (tuple(ops), tuple(chosen), quick), timeout_s)
+    return fit_collectives(raw, started, time.perf_counter() - clock, [])
+
+
+def fit_collectives(raw: dict[str, list[tuple[float, float]]], started: str, seconds: float,
+                    notes: list[str]) -> CommCalibration:
+    """An alpha-beta fit per collective from its (bytes, seconds) points."""
     fits = {}
     for op, points in raw.items():
         n, t = zip(*points, strict=True)
         fits[op] = CommFit(op, fit_alpha_beta(n, t, f"gloo {op}"), tuple(n), tuple(t))
-    return CommCalibration(fits, started, time.perf_counter() - clock, torch.__version__, [])
+    return CommCalibration(fits, started, seconds, torch_version(), notes)

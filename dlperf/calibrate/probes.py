@@ -34,14 +34,15 @@ SQUARE_FULL = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
 SQUARE_QUICK = (16, 32, 64, 128, 256, 512, 1024)
 SQUARE_GPU_EXTRA = (4096, 8192)  # a GPU's GEMM plateau lies beyond 2048^3 (17 GFLOP: ~30 us on an A100)
 # Linear: a batch of M rows through a W -> W linear layer, timed as the three GEMMs autograd runs for it in
-# one training step (forward X W^T + b, data gradient dY W, weight gradient dY^T X: 3 x 2MKN FLOPs), since
-# these, not one plain A B, are what a network's linear layers cost; on this project's CPU the transposed and
-# bias-fused variants ran ~8% below plain A B of the same size (225 vs 245 GFLOP/s at 4096x256x256). The
-# written matmul curve is fitted to this family alone (calibration.MATMUL_FAMILIES), from 4 rows (launch-
-# bound) to the plateau. W = 256 on a CPU (MLP/transformer projections at small width); a GPU needs a wider
-# layer to leave the launch-bound regime (4096: GPT-2-XL/LLaMA-7B width, 16384 rows = 1.6 TFLOP per step).
-TALL_FULL = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-TALL_QUICK = (4, 16, 64, 256, 1024, 2048, 4096, 8192)  # several plateau points: r_inf averages over them
+# one training step (forward X W^T + b, data gradient dY W, weight gradient dY^T X: 2MKN FLOPs each, the time
+# per kernel is a third of a call's), since these, not one plain A B, are what a network's linear layers
+# cost; on this project's CPU the transposed and bias-fused variants ran ~8% below plain A B of the same size
+# (225 vs 245 GFLOP/s at 4096x256x256). The written matmul curve is fitted to this family alone
+# (calibration.MATMUL_FAMILIES), from its smallest point of at least MIN_FIT_FLOPS (8 rows full, 16 quick, at
+# W = 256; 4 rows is reported) to the plateau. W = 256 on a CPU (MLP/transformer projections at small width);
+# a GPU needs a wider layer to leave the launch-bound regime (4096: GPT-2-XL/LLaMA-7B width).
+LINEAR_ROWS_FULL = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+LINEAR_ROWS_QUICK = (4, 16, 64, 256, 1024, 2048, 4096, 8192)  # several plateau points: r_inf averages over them
 LINEAR_WIDTH = {"cpu": 256, "cuda": 4096}
 # Batched: attention scores, (b, n, 64) @ (b, 64, n) with b = 16 heads x batch.
 BATCHED_FULL = (32, 64, 128, 256, 512)
@@ -134,7 +135,8 @@ def gemm_series(dtypes: tuple[str, ...], quick: bool, make: GemmMaker, linear: L
         out += [
             Series("matmul", "square", dtype,
                    tuple(point(s, s, s, dtype) for s in (SQUARE_QUICK if quick else SQUARE_FULL) + big)),
-            Series("matmul", "linear", dtype, tuple(layer(m, dtype) for m in (TALL_QUICK if quick else TALL_FULL))),
+            Series("matmul", "linear", dtype,
+                   tuple(layer(m, dtype) for m in (LINEAR_ROWS_QUICK if quick else LINEAR_ROWS_FULL))),
             Series("matmul", "batched", dtype,
                    tuple(point(s, d, s, dtype, b) for s in (BATCHED_QUICK if quick else BATCHED_FULL))),
         ]

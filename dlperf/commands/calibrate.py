@@ -1,5 +1,6 @@
 """`dlperf calibrate`: time real kernels here, fit the model's constants, write a hardware YAML; `--check`
-predicts and then runs real training steps; `dlperf calibrate comm` fits alpha-beta for gloo collectives."""
+times real training steps between the calibration's sweeps and compares dlperf's predictions with them;
+`dlperf calibrate comm` fits alpha-beta for gloo collectives."""
 
 from __future__ import annotations
 
@@ -103,7 +104,8 @@ def _name_for(output: str | None, name: str | None) -> str:
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
               help="Save measured-vs-fitted curves to this image (PNG, SVG or PDF).")
 @click.option("--check", is_flag=True,
-              help="Then predict and time real training steps (MLP, CNN, transformer; MLP with dp=2) in torch.")
+              help="Also time real training steps in torch between the sweeps (MLP, CNN, transformer; MLP with "
+                   "dp=2) and compare them with dlperf's predictions from the calibrated file.")
 @click.option("--tolerance", type=float, default=0.20, show_default=True,
               help="--check fails when a model's |relative error| exceeds this.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
@@ -141,7 +143,7 @@ def calibrate(ctx: click.Context, device: str, backend: str, quick: bool, thread
         click.echo(render(_comm_rows(comm), fmt, title="gloo collectives, 2 local processes (alpha-beta fits)"))
     result = None
     if check:
-        result = _run_check(hw, rounds.best, comm, quick, tolerance, fmt)
+        result = _run_check(hw, rounds.best, quick, tolerance, fmt)
         extra = {**extra, **result.stamp()}
     if output:
         hwfile.write_hardware(output, cal, _name_for(output, name), levels, extra)
@@ -166,7 +168,7 @@ def _run_comm(quick: bool) -> Any:
     return calibrate_comm(quick)
 
 
-def _run_check(hw: Any, measured: dict[str, Any], comm: Any, quick: bool, tolerance: float, fmt: str) -> Any:
+def _run_check(hw: Any, measured: dict[str, Any], quick: bool, tolerance: float, fmt: str) -> Any:
     """Calibrate a data-parallel rank's device (1 thread, beside a second process doing the same) while timing
     the data-parallel step between its sweeps, then predict every measured step."""
     from dlperf.calibrate import check as check_mod

@@ -57,6 +57,6 @@ def kernel_times(kernel: Kernel, device: Device, dtype: str, divisor: Any = 1) -
     c = kernel.cost
     fwd = phase_time(c.fwd_flops / divisor, c.fwd_bytes / divisor, kernel.launches, kernel.cls, device, dtype)
     bwd_flops = c.bwd_data_flops + c.bwd_weight_flops
-    bwd_launches = 0 if mathx.is_zero(bwd_flops) and mathx.is_zero(c.bwd_bytes) else 2 * kernel.launches
+    bwd_launches = 0 if mathx.is_zero(bwd_flops) and mathx.is_zero(c.bwd_bytes) else kernel.backward_launches
     bwd = phase_time(bwd_flops / divisor, c.bwd_bytes / divisor, bwd_launches, kernel.cls, device, dtype)
     return fwd, bwd

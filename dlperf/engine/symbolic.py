@@ -45,7 +45,7 @@ def _kernel_expr(kernel: Any, hw: Hardware) -> Any:
     eff_m = memory_efficiency(hw.device, kernel.cls)
     out = sympy.Integer(0)
     for flops, nbytes, launches in ((c.fwd_flops, c.fwd_bytes, kernel.launches),
-                                    (c.bwd_data_flops + c.bwd_weight_flops, c.bwd_bytes, 2 * kernel.launches)):
+                                    (c.bwd_data_flops + c.bwd_weight_flops, c.bwd_bytes, kernel.backward_launches)):
         if flops == 0 and nbytes == 0:
             continue
         t0_c = sympy.Float(startup_time(eff_c, max(hw.device.peak_flops.values())), 4)
@@ -109,7 +109,7 @@ def _phases(kernel: Any) -> list[tuple[Any, Any, Any]]:
     """(FLOPs, bytes, launches) of the forward and backward phases that do any work."""
     c = kernel.cost
     phases = [(c.fwd_flops, c.fwd_bytes, kernel.launches),
-              (c.bwd_data_flops + c.bwd_weight_flops, c.bwd_bytes, 2 * kernel.launches)]
+              (c.bwd_data_flops + c.bwd_weight_flops, c.bwd_bytes, kernel.backward_launches)]
     return [(f, b, n) for f, b, n in phases if f or b]
 
 

@@ -40,8 +40,9 @@ class Layer:
 class Kernel:
     """One kernel (or fused group) of an operator: its cost and how it behaves on the device.
 
-    `cls` picks the efficiency curve (matmul, conv, memory); `launches` counts forward kernel launches
-    (the backward pass launches about twice as many); `split` says whether tensor parallelism divides it.
+    `cls` picks the efficiency curve (matmul, conv, memory); `launches` counts forward kernel launches and
+    `bwd_launches` backward ones (None: twice as many, data and weight gradient); `split` says whether tensor
+    parallelism divides it.
     """
 
     name: str
@@ -49,6 +50,11 @@ class Kernel:
     cost: Cost
     launches: Any = 1
     split: bool = True
+    bwd_launches: Any = None
+
+    @property
+    def backward_launches(self) -> Any:
+        return 2 * self.launches if self.bwd_launches is None else self.bwd_launches
 
 
 @dataclass(frozen=True)

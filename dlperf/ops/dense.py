@@ -40,7 +40,8 @@ def gemm(name: str, m: Any, k: Any, n: Any, e: int, bias: bool = False, weight: 
 def bias_grad(name: str, m: Any, n: Any, e: int) -> Kernel:
     """The bias gradient, dC summed over its m rows: a memory-bound reduction of its own in backward (PyTorch's
     and Megatron's linear layers compute grad_output.sum(0) after the GEMMs), as conv's bias is."""
-    return Kernel(name, "memory", Cost(bwd_weight_flops=m * n, bwd_bytes=e * (m * n + n), bwd_depth=clog2(m)))
+    return Kernel(name, "memory", Cost(bwd_weight_flops=m * n, bwd_bytes=e * (m * n + n), bwd_depth=1),
+                  launches=0, bwd_launches=1)
 
 
 def _linear_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
@@ -238,16 +239,17 @@ def _cross_entropy_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ..
     """Softmax over classes (max, exp, sum, divide ~ 5 FLOPs/element) + log-likelihood.
 
     fused (Megatron's vocab-parallel loss): the backward p - onehot reads the saved probabilities and writes
-    the gradient, 2 passes. Unfused (PyTorch's F.cross_entropy = log_softmax + nll_loss): nll_loss's backward
-    writes a zero-filled gradient and scatters -1/N into it, then log_softmax's backward reads it and the saved
-    output and writes the input gradient, recomputing exp(output): 4 passes in 2 launches, the exp counted.
+    the gradient, 2 passes. Unfused (PyTorch's F.cross_entropy = log_softmax + nll_loss, 2 forward kernels):
+    nll_loss's backward writes a zero-filled gradient and scatters -1/N into it, then log_softmax's backward
+    reads it and the saved output and writes the input gradient, recomputing exp(output): 4 passes in 3
+    kernels (fill, scatter, log_softmax backward), the exp counted.
     """
     n = batch * numel(layer.in_shape)
     fused = layer["fused"]
     return (Kernel("softmax_nll", "transcendental", Cost(
         fwd_flops=5 * n, bwd_data_flops=n if fused else 3 * n, fwd_bytes=2 * e * n,
         bwd_bytes=(2 if fused else 4) * e * n, depth=2 * clog2(layer.in_shape[-1]), bwd_depth=1,
-    ), launches=1 if fused else 2),)
+    ), launches=1 if fused else 2, bwd_launches=1 if fused else 3),)
 
 
 CROSS_ENTROPY = OpRule(

@@ -167,9 +167,11 @@ def _add_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     n = batch * numel(layer.out_shape)
     # y = a + b reads two, writes one. Its gradient passes to both inputs unchanged, but the fork that fed the
     # two paths (a residual's skip and branch) sums their gradients in backward: autograd's accumulation reads
-    # two and writes one, counted here as the merge's backward.
+    # two and writes one, counted here as the merge's backward (one kernel). Only `add` merges count it so far:
+    # the forks before concat and multiply merges (Inception, gated MLPs) and the k-1 sums of a k-way fork
+    # are not yet priced.
     return (Kernel("add", "memory", Cost(fwd_flops=n, bwd_data_flops=n, fwd_bytes=3 * e * n, bwd_bytes=3 * e * n,
-                                         depth=1, bwd_depth=1)),)
+                                         depth=1, bwd_depth=1), bwd_launches=1),)
 
 
 def _multiply_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
