@@ -76,13 +76,10 @@ def test_comm_rejects_unknown_collectives():
 
 
 def test_data_parallel_step_is_timed_between_the_ranks_calibration_sweeps():
-    cal, timing, allreduce = check.data_parallel_rank(quick=True, kinds=("launch",))
+    cal, timing = check.data_parallel_rank(quick=True, kinds=("launch",))
     assert timing.repeats == check.steps_config(True).repeats and timing.median > 0
     assert cal.environment["concurrent_processes"] == 2 and cal.environment["threads"] == 1
     assert cal.launch is not None and cal.launch.median > 0
-    fit = allreduce.fits["allreduce"]  # timed between the sweeps, beside the step
-    assert fit.sizes == tuple(map(float, comm.SIZES_QUICK)) and fit.bandwidth > 0 and fit.alpha >= 0
-    assert network.loopback_level(allreduce)["name"] == "loopback"
 
 
 def test_check_rows_and_verdict(tmp_path):

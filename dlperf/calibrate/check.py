@@ -128,43 +128,32 @@ def single_process_rounds(quick: bool) -> StepRounds:
 
 
 class _DataParallelRounds:
-    """One rank's rounds of the data-parallel MLP (DDP over gloo) and of the gloo allreduce it runs: every
-    sample starts after a barrier, and rank 0's clock is the measurement. Timing the allreduce here, in the
-    same minutes as the step, rather than in `calibrate comm` before it, pairs the network level of the
-    prediction with the step it predicts, as the kernel sweeps are paired with it."""
+    """One rank's rounds of the data-parallel MLP (DDP over gloo): every sample starts after a barrier, and
+    rank 0's clock is the measurement (comm.sync_timing, one step per sample).
+
+    The allreduce behind the prediction's network level is the one `calibrate comm` measured before the
+    calibration, not one timed here: timed here too, best of the rounds, it came out ~2x faster (1.47 vs
+    0.6 GB/s at 16 MiB) than the allreduce inside the measured steps behaves, and the data-parallel row then
+    read -2..-30% (mean -19%, 14 runs) where the separate measurement gave -4..-16% (mean -10%, 4 runs)."""
 
     def __init__(self, dist: Any, rank: int, step: Any, quick: bool) -> None:
         self.dist, self.rank, self.step, self.config = dist, rank, step, steps_config(quick)
         self.best: Timing | None = None
-        self.allreduce: dict[int, float] = {}  # bytes -> fastest median seconds (rank 0)
         for _ in range(self.config.warmup):
             step()
 
     def __call__(self, _sweep: int = 0) -> None:
         from dlperf.calibrate import comm
 
-        timing = comm.sync_timing(self.dist, self.step, self.rank, self.config)  # one step per sample
+        timing = comm.sync_timing(self.dist, self.step, self.rank, self.config)
         if timing is not None and (self.best is None or timing.median < self.best.median):
             self.best = timing
-        for nbytes in comm.SIZES_QUICK:
-            fn = comm.collective(self.dist, "allreduce", nbytes, self.rank)
-            timing = comm.sync_timing(self.dist, fn, self.rank, comm.COMM_QUICK)
-            if timing is not None:
-                self.allreduce[nbytes] = min(self.allreduce.get(nbytes, timing.median), timing.median)
-
-    def comm_calibration(self, started: str) -> Any:
-        from dlperf.calibrate import comm
-
-        raw = {"allreduce": [(float(n), self.allreduce[n]) for n in sorted(self.allreduce)]}
-        return comm.fit_collectives(raw, started, 0.0,
-                                    ["allreduce timed between the calibration's sweeps, beside the data-parallel step"])
 
 
 def _dp_rank(rank: int, port: int, name: str, batch: int, quick: bool,
-             kinds: tuple[str, ...]) -> tuple[Any, Timing | None, Any] | None:
+             kinds: tuple[str, ...]) -> tuple[Any, Timing | None] | None:
     """One of the 2 data-parallel processes: calibrate this rank's device (1 thread, while the other rank
-    calibrates too) with the data-parallel step and its allreduce timed between the sweeps; rank 0 reports
-    (calibration, step timing, allreduce calibration)."""
+    calibrates too) with the data-parallel step timed between the sweeps; rank 0 reports both."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -191,23 +180,22 @@ def _dp_rank(rank: int, port: int, name: str, batch: int, quick: bool,
         dist.destroy_process_group()
     if rank != 0:
         return None
-    return cal, rounds.best, rounds.comm_calibration(cal.started)
+    return cal, rounds.best
 
 
 def data_parallel_rank(quick: bool, name: str = DP_MODEL,
-                       kinds: tuple[str, ...] = ("launch", "matmul", "conv", "memory")) -> tuple[Any, Timing, Any]:
-    """(calibration of one data-parallel rank's device, measured data-parallel step of `name`, the gloo
-    allreduce measured beside it as a CommCalibration).
+                       kinds: tuple[str, ...] = ("launch", "matmul", "conv", "memory")) -> tuple[Any, Timing]:
+    """(calibration of one data-parallel rank's device, measured data-parallel step of `name`).
 
     The device a rank sees on a shared CPU is one core while the other rank computes beside it (competing for
     the shared caches and memory bandwidth: on this project's 2-core machine a 1-thread MLP step is ~25%
     slower then), which a calibration run alone would not see; so both processes calibrate at once."""
     from dlperf.calibrate.comm import spawn_pair
 
-    cal, timing, comm = spawn_pair(_dp_rank, (name, BATCH[name], quick, kinds), timeout_s=DP_TIMEOUT_S)
+    cal, timing = spawn_pair(_dp_rank, (name, BATCH[name], quick, kinds), timeout_s=DP_TIMEOUT_S)
     cal.notes.append("measured in one of 2 processes calibrating at the same time (a data-parallel rank's view)")
     cal.environment["concurrent_processes"] = 2
-    return cal, timing, comm
+    return cal, timing
 
 
 def predict_step(name: str, hardware: Any, devices: int, global_batch: int) -> Any:

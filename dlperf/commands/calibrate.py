@@ -143,7 +143,7 @@ def calibrate(ctx: click.Context, device: str, backend: str, quick: bool, thread
         click.echo(render(_comm_rows(comm), fmt, title="gloo collectives, 2 local processes (alpha-beta fits)"))
     result = None
     if check:
-        result = _run_check(hw, rounds.best, quick, tolerance, fmt)
+        result = _run_check(hw, rounds.best, comm, quick, tolerance, fmt)
         extra = {**extra, **result.stamp()}
     if output:
         hwfile.write_hardware(output, cal, _name_for(output, name), levels, extra)
@@ -168,7 +168,7 @@ def _run_comm(quick: bool) -> Any:
     return calibrate_comm(quick)
 
 
-def _run_check(hw: Any, measured: dict[str, Any], quick: bool, tolerance: float, fmt: str) -> Any:
+def _run_check(hw: Any, measured: dict[str, Any], comm: Any, quick: bool, tolerance: float, fmt: str) -> Any:
     """Calibrate a data-parallel rank's device (1 thread, beside a second process doing the same) while timing
     the data-parallel step between its sweeps, then predict every measured step."""
     from dlperf.calibrate import check as check_mod
@@ -176,8 +176,8 @@ def _run_check(hw: Any, measured: dict[str, Any], quick: bool, tolerance: float,
 
     click.echo("calibrating a data-parallel rank (2 processes of 1 thread at once) and timing its step ...",
                err=True)
-    one, dp_measured, dp_comm = check_mod.data_parallel_rank(quick)
-    dp_hw = hwfile.check_text(hwfile.render(one, "calibrated-1-thread", network.network_levels(None, dp_comm)),
+    one, dp_measured = check_mod.data_parallel_rank(quick)
+    dp_hw = hwfile.check_text(hwfile.render(one, "calibrated-1-thread", network.network_levels(None, comm)),
                               "<calibrated, 1 thread>")
     result = check_mod.run_check(hw, measured, dp_hw, dp_measured, tolerance)
     rows = [r.to_dict() for r in result.rows]
