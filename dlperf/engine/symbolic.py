@@ -38,16 +38,12 @@ def step_time_expr(model: Model, hw: Hardware, dtype: str, choose_at: int = 1) -
 
 
 def _kernel_expr(kernel: Any, hw: Hardware) -> Any:
-    c = kernel.cost
     matrix = kernel.cls in ("matmul", "conv")
     peak = F if matrix else F32
     eff_c = compute_efficiency(hw.device, kernel.cls)
     eff_m = memory_efficiency(hw.device, kernel.cls)
     out = sympy.Integer(0)
-    for flops, nbytes, launches in ((c.fwd_flops, c.fwd_bytes, kernel.launches),
-                                    (c.bwd_data_flops + c.bwd_weight_flops, c.bwd_bytes, kernel.backward_launches)):
-        if flops == 0 and nbytes == 0:
-            continue
+    for flops, nbytes, launches in _phases(kernel):
         t0_c = sympy.Float(startup_time(eff_c, max(hw.device.peak_flops.values())), 4)
         t0_m = sympy.Float(startup_time(eff_m, hw.device.memory_bandwidth), 4)
         compute = launches * t0_c + flops / (peak * sympy.Float(eff_c.peak, 4)) if flops != 0 else 0
