@@ -31,10 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlperf.calibrate import timing as T
 from dlperf.calibrate.environment import cache_sizes, describe, limit_threads, torch_module
 from dlperf.calibrate.fit import LineFit, fit_line
 from dlperf.calibrate.probes import Series
-from dlperf.calibrate.timing import FULL, QUICK, Sampler, Timing, TimingConfig, host_sampler, per_kernel, time_kernel
+from dlperf.calibrate.timing import FULL, QUICK, Sampler, Timing, TimingConfig, host_sampler, time_kernel
 from dlperf.errors import CalibrationError
 
 BACKENDS = ("auto", "numpy", "torch")
@@ -166,7 +167,7 @@ def disturbed(timing: Timing, rate: float, best_smaller: float, cls: str) -> boo
 
 def time_point(point: Any, config: TimingConfig, sampler: Sampler) -> Timing:
     """Seconds per kernel of one point, its operands allocated for the timing and dropped after it."""
-    return per_kernel(time_kernel(point.make(), config, sampler), point.kernels)
+    return T.per_kernel(time_kernel(point.make(), config, sampler), point.kernels)
 
 
 def measure_point(s: Series, point: Any, config: TimingConfig, sampler: Sampler, best_smaller: float) -> Sample:
@@ -175,8 +176,7 @@ def measure_point(s: Series, point: Any, config: TimingConfig, sampler: Sampler,
     attempt = 0
     for attempt in range(1 + RETRIES):  # noqa: B007 - the count is kept
         timing = time_point(point, config, sampler)
-        if best is None or timing.median < best.median:
-            best = timing
+        best = T.faster(best, timing)
         if not disturbed(timing, point.size / timing.median, best_smaller, s.cls):
             break
     assert best is not None
@@ -190,7 +190,7 @@ def run_series(series: list[Series], config: TimingConfig, sampler: Sampler, cap
     The GEMM and convolution points are then re-timed in `passes - 1` further sweeps (see PASSES);
     `between_sweeps(k)` runs after sweep k (`calibrate --check` times its training steps there)."""
     total = sum(len(s.points) * (passes if s.cls in SWEPT_AGAIN else 1) for s in series)
-    samples, skipped, timed = _first_pass(series, config, sampler, cap_s, progress, total, passes)
+    samples, skipped, timed = _first_pass(series, config, sampler, cap_s, progress, total)
     done = len(timed)
     total = done + (passes - 1) * sum(1 for s, _ in timed if s.cls in SWEPT_AGAIN)  # (skipped points left out)
     for sweep in range(2, passes + 1):
@@ -201,9 +201,8 @@ def run_series(series: list[Series], config: TimingConfig, sampler: Sampler, cap
                 continue
             if progress:
                 progress(done, total, f"sweep {sweep}/{passes}: {s.cls} {s.family} {s.dtype} {point.label}")
-            timing = time_point(point, config, sampler)
-            if timing.median < samples[i].timing.median:
-                samples[i] = dataclasses.replace(samples[i], timing=timing)
+            samples[i] = dataclasses.replace(samples[i], timing=T.faster(samples[i].timing,
+                                                                        time_point(point, config, sampler)))
             done += 1
     if between_sweeps:
         between_sweeps(passes)
@@ -213,18 +212,16 @@ def run_series(series: list[Series], config: TimingConfig, sampler: Sampler, cap
 
 
 def _first_pass(series: list[Series], config: TimingConfig, sampler: Sampler, cap_s: float,
-                progress: Progress | None, total: int,
-                passes: int) -> tuple[list[Sample], list[str], list[tuple[Series, Any]]]:
+                progress: Progress | None, total: int) -> tuple[list[Sample], list[str], list[tuple[Series, Any]]]:
     done, samples, skipped, timed = 0, [], [], []
     for s in series:
         last: Sample | None = None
         best_rate = 0.0  # the next call's time is estimated from the best rate so far: one slow outlier
-        for i, point in enumerate(s.points):  # (a descheduled thread) must not end the series
+        for point in s.points:  # (a descheduled thread) must not end the series
             call_s = point.kernels * point.size / best_rate if last is not None else 0.0
             if last is not None and call_s > cap_s:
                 skipped.append(f"{s.cls} {s.family} {s.dtype}: stopped after {last.label} (the next size would "
                                f"take ~{call_s:.2g} s per call)")
-                total -= (len(s.points) - i) * (1 + (passes - 1) * (s.cls in SWEPT_AGAIN))
                 break
             if progress:
                 progress(done, total, f"{s.cls} {s.family} {s.dtype} {point.label}")

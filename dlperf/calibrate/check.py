@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from dlperf.calibrate.timing import Timing, TimingConfig, time_kernel
+from dlperf.calibrate.timing import Timing, TimingConfig, faster, time_kernel
 from dlperf.errors import CalibrationError
 
 MODELS = ("mlp", "cnn", "transformer")
@@ -117,9 +117,7 @@ class StepRounds:
 
     def __call__(self, _sweep: int = 0) -> None:
         for name, step in self.steps.items():
-            timing = time_kernel(step, steps_config(self.quick))
-            if name not in self.best or timing.median < self.best[name].median:
-                self.best[name] = timing
+            self.best[name] = faster(self.best.get(name), time_kernel(step, steps_config(self.quick)))
 
 
 def single_process_rounds(quick: bool) -> StepRounds:
@@ -146,8 +144,8 @@ class _DataParallelRounds:
         from dlperf.calibrate import comm
 
         timing = comm.sync_timing(self.dist, self.step, self.rank, self.config)
-        if timing is not None and (self.best is None or timing.median < self.best.median):
-            self.best = timing
+        if timing is not None:  # (rank 0's clock; the other rank only takes part)
+            self.best = faster(self.best, timing)
 
 
 def _dp_rank(rank: int, port: int, name: str, batch: int, quick: bool,
@@ -213,14 +211,15 @@ def run_check(hardware: Any, measured: dict[str, Timing], dp_hardware: Any | Non
               dp_measured: Timing | None = None, tolerance: float = TOLERANCE,
               median_tolerance: float = MEDIAN_TOLERANCE) -> CheckResult:
     """Predict every measured check model (and the 2-process data-parallel MLP when `dp_hardware`)."""
-    rows = []
-    for name in MODELS:
-        pred = predict_step(name, hardware, 1, BATCH[name])
-        rows.append(CheckRow(name, "1 process", BATCH[name], float(pred.step_time_s), measured[name],
-                             {k: float(v) for k, v in pred.breakdown_s.items()}))
+    rows = [_row(name, "1 process", hardware, 1, measured[name]) for name in MODELS]
     if dp_hardware is not None and dp_measured is not None:
-        batch = BATCH[DP_MODEL]
-        pred = predict_step(DP_MODEL, dp_hardware, 2, 2 * batch)
-        rows.append(CheckRow(DP_MODEL, "dp=2 (gloo, 1 thread each)", 2 * batch, float(pred.step_time_s), dp_measured,
-                             {k: float(v) for k, v in pred.breakdown_s.items()}))
+        rows.append(_row(DP_MODEL, "dp=2 (gloo, 1 thread each)", dp_hardware, 2, dp_measured))
     return CheckResult(rows, tolerance, median_tolerance)
+
+
+def _row(name: str, setup: str, hardware: Any, devices: int, measured: Timing) -> CheckRow:
+    """Predict `name` on `devices` data-parallel devices of BATCH[name] samples each, beside its measurement."""
+    batch = devices * BATCH[name]
+    pred = predict_step(name, hardware, devices, batch)
+    return CheckRow(name, setup, batch, float(pred.step_time_s), measured,
+                    {k: float(v) for k, v in pred.breakdown_s.items()})

@@ -97,6 +97,11 @@ def time_kernel(fn: Callable[[], object], config: TimingConfig = FULL, sampler: 
     return summarize([sample(fn, inner) for _ in range(config.repeats)], inner)
 
 
+def faster(best: Timing | None, timing: Timing) -> Timing:
+    """The timing with the lower median: how best-of-N re-timing keeps a point, a sweep or a round."""
+    return timing if best is None or timing.median < best.median else best
+
+
 def per_kernel(timing: Timing, kernels: int) -> Timing:
     """A timing of calls that each run `kernels` kernels, as seconds per kernel (the spread is unchanged)."""
     if kernels == 1:
