@@ -10,8 +10,8 @@ from dlperf.commands.common import format_option, set_option
 from dlperf.commands.predict import DTYPE_CHOICES, _load, build_plan, plan_options
 from dlperf.report import render, to_json
 
-BREAKDOWN_COLUMNS = ["compute/forward", "compute/backward", "compute/recompute", "comm/tp", "comm/pp_p2p",
-                     "pipeline/bubble", "comm/dp_allreduce", "optimizer"]
+BREAKDOWN_COLUMNS = ["compute/forward", "compute/backward", "compute/recompute", "comm/tp", "overhead/host",
+                     "comm/pp_p2p", "pipeline/bubble", "comm/dp_allreduce", "optimizer"]
 
 
 def _memory_option(text: str | None) -> float | None:

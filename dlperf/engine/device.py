@@ -2,7 +2,10 @@
 
 t = max(FLOPs / (peak * eff(FLOPs)), bytes / (bandwidth * eff(bytes))) + launches * launch_latency, where
 eff(n) = eff_max * n / (n + n_half), i.e. time = (n + n_half) / r_inf with r_inf = peak * eff_max (Hockney).
-Everything here works on floats and numpy arrays alike (mathx), so a grid of plans is one call.
+A GEMM whose shape is known also pays tile and wave quantization: the GPU computes the output in tiles, one
+tile per SM at a time, so a GEMM with fewer tiles than SMs, or a last partial wave, leaves SMs idle (NVIDIA,
+"Matrix Multiplication Background User's Guide", DU-09799-001, sections "Tile quantization" and "Wave
+quantization"). Everything here works on floats and numpy arrays alike (mathx), so a grid of plans is one call.
 """
 
 from __future__ import annotations
@@ -37,26 +40,90 @@ def memory_efficiency(device: Device, cls: str) -> Efficiency:
     return device.eff("transcendental" if cls == "transcendental" else "memory")
 
 
-def compute_efficiency(device: Device, cls: str) -> Efficiency:
-    return device.eff(cls) if cls in MATRIX_CLASSES else memory_efficiency(device, cls)
+def compute_efficiency(device: Device, cls: str, dtype: str | None = None) -> Efficiency:
+    return device.eff(cls, dtype) if cls in MATRIX_CLASSES else memory_efficiency(device, cls)
 
 
-def phase_time(flops: Any, nbytes: Any, launches: Any, cls: str, device: Device, dtype: str) -> Any:
-    """Roofline time of one phase of one kernel (max of compute and memory time) plus launch overhead."""
+def phase_time(flops: Any, nbytes: Any, launches: Any, cls: str, device: Device, dtype: str,
+               quantization: Any = 1.0) -> Any:
+    """Roofline time of one phase of one kernel (max of compute and memory time) plus launch overhead;
+    `quantization` (>= 1) stretches the compute time of a GEMM whose tiles do not fill whole waves."""
     if mathx.is_zero(flops) and mathx.is_zero(nbytes):
         return 0.0
     peak = device.peak(dtype) if cls in MATRIX_CLASSES else device.peak("fp32")
     top = max(device.peak_flops.values())
-    compute = hockney_time(flops, launches, peak, compute_efficiency(device, cls), top)
+    compute = hockney_time(flops * quantization, launches, peak, compute_efficiency(device, cls, dtype), top)
     memory = hockney_time(nbytes, launches, device.memory_bandwidth, memory_efficiency(device, cls))
     return mathx.maximum(compute, memory) + launches * device.launch_latency
 
 
-def kernel_times(kernel: Kernel, device: Device, dtype: str, divisor: Any = 1) -> tuple[Any, Any]:
-    """(forward, backward) seconds of a kernel whose work is split `divisor` ways (tensor/sequence parallel)."""
+def wave_quantization(batch: Any, m: Any, n: Any, k: Any, sms: int, tile: tuple[int, int], min_k: int) -> Any:
+    """Time of a tiled GEMM over the time of the same FLOPs spread evenly on every SM (>= 1).
+
+    The output has batch * ceil(m/Tm) * ceil(n/Tn) tiles (tile quantization); they run ceil(tiles/SMs) waves
+    (wave quantization). Split-K cuts K into s slices of at least `min_k` to make more, shorter tiles when there
+    are too few, as cuBLAS's heuristics do; the best s is taken. Shapes that are not numbers (the symbolic B)
+    are left unquantized (1.0).
+    """
+    if not all(_is_number(x) for x in (batch, m, n, k)):
+        return 1.0
+    tm, tn = tile
+    tiles = batch * mathx.ceil(m / tm) * mathx.ceil(n / tn)
+    ideal = batch * m * n / (tm * tn * sms)
+    best, splits = mathx.ceil(tiles / sms), 2
+    while k / splits >= min_k:
+        best = mathx.minimum(best, mathx.ceil(tiles * splits / sms) / splits)
+        splits *= 2
+    return best / ideal
+
+
+def _is_number(x: Any) -> bool:
+    import numbers
+
+    return isinstance(x, numbers.Real) or type(x).__module__ == "numpy"
+
+
+def gemm_quantization(kernel: Kernel, device: Device, dtype: str, divisor: Any, tp_dim: str | None) -> tuple[Any,
+                                                                                                             Any]:
+    """(forward, backward) quantization factors of a GEMM kernel on this device (1.0 when unknown).
+
+    Forward computes C[m,n]; backward computes dA[m,k] (reducing over n) and dB[k,n] (reducing over m). The
+    tensor-parallel `divisor` shrinks the dimension `tp_dim` on every rank."""
+    eff = compute_efficiency(device, kernel.cls, dtype)
+    if kernel.gemm is None or device.sms is None or eff.tile is None:
+        return 1.0, 1.0
+    b, m, n, k = kernel.gemm
+    if divisor != 1 and tp_dim is not None:
+        b, n, k = (b / divisor if tp_dim == "batch" else b, n / divisor if tp_dim == "n" else n,
+                   k / divisor if tp_dim == "k" else k)
+    def q(rows: Any, cols: Any, inner: Any) -> Any:
+        return wave_quantization(b, rows, cols, inner, device.sms, eff.tile, eff.min_split_k)
+
     c = kernel.cost
-    fwd = phase_time(c.fwd_flops / divisor, c.fwd_bytes / divisor, kernel.launches, kernel.cls, device, dtype)
+    data, weight = c.bwd_data_flops, c.bwd_weight_flops
+    if mathx.is_zero(weight):  # batched attention GEMMs: both backward GEMMs are 'data' gradients
+        return q(m, n, k), (q(m, k, n) + q(k, n, m)) / 2
+    return q(m, n, k), (data * q(m, k, n) + weight * q(k, n, m)) / (data + weight)
+
+
+def kernel_times(kernel: Kernel, device: Device, dtype: str, divisor: Any = 1,
+                 tp_dim: str | None = None) -> tuple[Any, Any]:
+    """(forward, backward) seconds of a kernel whose work is split `divisor` ways (tensor/sequence parallel);
+    `tp_dim` says which GEMM dimension the split divides when the kernel does not say itself."""
+    c = kernel.cost
+    q_fwd, q_bwd = gemm_quantization(kernel, device, dtype, divisor, kernel.tp_dim or tp_dim)
+    fwd = phase_time(c.fwd_flops / divisor, c.fwd_bytes / divisor, kernel.launches, kernel.cls, device, dtype,
+                     q_fwd)
     bwd_flops = c.bwd_data_flops + c.bwd_weight_flops
     bwd_launches = 0 if mathx.is_zero(bwd_flops) and mathx.is_zero(c.bwd_bytes) else kernel.backward_launches
-    bwd = phase_time(bwd_flops / divisor, c.bwd_bytes / divisor, bwd_launches, kernel.cls, device, dtype)
+    bwd = phase_time(bwd_flops / divisor, c.bwd_bytes / divisor, bwd_launches, kernel.cls, device, dtype, q_bwd)
     return fwd, bwd
+
+
+def dispatch_times(kernel: Kernel, device: Device) -> tuple[Any, Any]:
+    """(forward, backward) host seconds to issue the kernel's launches (DEFAULT_DISPATCH in spec/hardware.py)."""
+    c = kernel.cost
+    bwd = 0 if mathx.is_zero(c.bwd_data_flops + c.bwd_weight_flops) and mathx.is_zero(c.bwd_bytes) else \
+        kernel.backward_launches
+    fwd = 0 if mathx.is_zero(c.fwd_flops) and mathx.is_zero(c.fwd_bytes) else kernel.launches
+    return fwd * device.dispatch_forward, bwd * device.dispatch_backward

@@ -27,6 +27,11 @@ class Use:
     count: int
     sharded: bool
     comm: tuple[Comm, ...] = ()
+    row: bool = False  # a row-parallel linear layer (its input arrives sharded): tp divides K, not N
+
+    @property
+    def tp_dim(self) -> str:
+        return "k" if self.row else "n"
 
 
 def _tp_layer(layer: Layer, sharded: bool, sp: bool) -> tuple[bool, bool, tuple[Comm, ...]]:
@@ -67,14 +72,15 @@ def tp_uses(nodes: Model | list[Any], sp: bool = False) -> list[Use]:
     for use in uses:
         key = (use.layer, use.sharded, use.comm)
         old = merged.get(key)
-        merged[key] = Use(use.layer, use.count + (old.count if old else 0), use.sharded, use.comm)
+        merged[key] = Use(use.layer, use.count + (old.count if old else 0), use.sharded, use.comm, use.row)
     return list(merged.values())
 
 
 def _walk(node: Any, count: int, sharded: bool, sp: bool, out: list[Use]) -> bool:
     if isinstance(node, Layer):
+        row = sharded and OPS[node.op].tp == "linear"
         split, sharded, comm = _tp_layer(node, sharded, sp)
-        out.append(Use(node, count, split, comm))
+        out.append(Use(node, count, split, comm, row))
         return sharded
     if isinstance(node, Seq):
         start = sharded

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlperf import mathx
-from dlperf.engine.device import kernel_times
+from dlperf.engine.device import dispatch_times, kernel_times
 from dlperf.engine.layers import Use
 from dlperf.ops import OPS
 from dlperf.ops.base import Kernel
@@ -31,6 +31,9 @@ class StageCost:
     saved_bytes: Any = 0.0          # activations kept for backward, per micro-batch
     per_type: dict[str, Any] = field(default_factory=dict)
     synced_params: Any = None       # parameters data parallelism allreduces (None: all of `params`)
+    host_fwd: Any = 0.0             # host seconds to issue the forward kernels of one micro-batch
+    host_bwd: Any = 0.0             # ... the backward kernels
+    host_recompute: Any = 0.0       # ... the recomputed forward kernels
 
     @property
     def dp_params(self) -> Any:
@@ -39,7 +42,7 @@ class StageCost:
     def __add__(self, other: StageCost) -> StageCost:
         """Two parts of one device's work run one after the other (e.g. the convolutional body and the head)."""
         names = ("forward", "backward", "recompute", "tp_comm_fwd", "tp_comm_bwd", "params",
-                 "saved_bytes")
+                 "saved_bytes", "host_fwd", "host_bwd", "host_recompute")
         out = StageCost(**{n: getattr(self, n) + getattr(other, n) for n in names})
         for part in (self, other):
             for key, value in part.per_type.items():
@@ -59,7 +62,7 @@ def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
     best, best_time, name = None, None, "direct"
     for algorithm in applicable(layer, dtype):
         kernel = algorithm_kernel(layer, algorithm, batch, e)
-        total = sum(kernel_times(kernel, hw.device, dtype, divisor))
+        total = sum(kernel_times(kernel, hw.device, dtype, divisor, use.tp_dim))
         if best is None or isinstance(total, float) and total < best_time:
             best, best_time, name = kernel, total, algorithm
     return best, name
@@ -80,11 +83,15 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         divisor = tp if (use.sharded or sp) else 1
         for kernel in use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1)):
             split = divisor if (kernel.split or sp) else 1
-            fwd, bwd = kernel_times(kernel, hw.device, dtype, split)
+            fwd, bwd = kernel_times(kernel, hw.device, dtype, split, use.tp_dim)
+            host_fwd, host_bwd = dispatch_times(kernel, hw.device)
             out.forward = out.forward + use.count * fwd
             out.backward = out.backward + use.count * bwd
+            out.host_fwd = out.host_fwd + use.count * host_fwd
+            out.host_bwd = out.host_bwd + use.count * host_bwd
             if _recomputed(recompute, use, kernel):
                 out.recompute = out.recompute + use.count * fwd
+                out.host_recompute = out.host_recompute + use.count * host_fwd
             key = f"{use.layer.op}"
             out.per_type[key] = out.per_type.get(key, 0.0) + use.count * (fwd + bwd)
         for phase, op, elements in use.comm:

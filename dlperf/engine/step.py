@@ -182,9 +182,14 @@ class StepModel:
         dtype = plan.dtype or self.model.dtype
         e = element_bytes(dtype)
         stages, slow, params, boundary = self.stages(plan, dtype, e)
-        t_fwd = slow.forward + slow.tp_comm_fwd
-        recompute = slow.recompute * recompute_share(plan, m)
-        t_bwd = slow.backward + slow.tp_comm_bwd + recompute
+        share = recompute_share(plan, m)
+        recompute = slow.recompute * share
+        device_fwd = slow.forward + slow.tp_comm_fwd
+        device_bwd = slow.backward + slow.tp_comm_bwd + recompute
+        # The host issues kernels asynchronously ahead of the GPU; a pass is host-bound when issuing its kernels
+        # takes longer than running them (DEFAULT_DISPATCH in spec/hardware.py).
+        t_fwd = mathx.maximum(device_fwd, slow.host_fwd)
+        t_bwd = mathx.maximum(device_bwd, slow.host_bwd + slow.host_recompute * share)
         busy, bubble, p2p = schedule_time(t_fwd, t_bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v)
         dp_total, dp_exposed = _dp_with_micro_batches(self._dp_time(plan, slow, dtype), m)
         optimizer = _optimizer_time(self.hw, plan, params)
@@ -195,6 +200,7 @@ class StepModel:
             "compute/backward": m * slow.backward,
             "compute/recompute": m * recompute,
             "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd),
+            "overhead/host": m * ((t_fwd - device_fwd) + (t_bwd - device_bwd)),
             "comm/pp_p2p": p2p,
             "pipeline/bubble": bubble,
             "comm/dp_allreduce": step - compute if plan.consistency != "sync" else dp_exposed,
@@ -279,6 +285,16 @@ def _tp_comm_fn(comm: Any, hw: Hardware, plan: Plan) -> Any:
     return lambda op, nbytes: comm.collective_time(op, nbytes, group, hw)
 
 
+def _overlap_contention(hw: Hardware, span: int) -> float:
+    """Fraction of the compute rate a collective spanning `span` consecutive devices takes while it overlaps
+    compute: its NCCL channels (one SM each, NVIDIA/nccl#689) of the device's SMs, at the outermost level it
+    crosses. Compute-bound kernels slow down in proportion; the hidden time is charged that fraction."""
+    if hw.device.sms is None:
+        return 0.0
+    level = hw.network[_level_for_stride(hw, max(span - 1, 1))]
+    return min(level.channels / hw.device.sms, 1.0)
+
+
 def _level_for_stride(hw: Hardware, stride: int) -> int:
     """Index of the innermost network level whose domains contain ranks `stride` apart."""
     for index, level in enumerate(hw.network):
@@ -322,9 +338,15 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -
     group = comm.Group(dp, plan.tp)
     overlap = plan.overlap if plan.overlap is not None else plan.pp == 1
 
+    stolen = _overlap_contention(hw, plan.tp * dp)
+
     def hidden_behind(t: Any, window: Any, floor: Any) -> Any:
-        """What of t outlasts `window`, but never less than the last bucket's share (nor more than t)."""
-        return max(t - window, min(floor, t)) if overlap else t
+        """What of t outlasts `window`, but never less than the last bucket's share (nor more than t); the part
+        hidden behind compute still slows that compute by the SMs the collective holds."""
+        if not overlap:
+            return t
+        exposed = max(t - window, min(floor, t))
+        return exposed + stolen * (t - exposed)
 
     last_bucket = comm.collective_time("allreduce", min(DDP_BUCKET_BYTES, grad_bytes), group, hw)
     if plan.parameter_server:

@@ -11,7 +11,7 @@ from typing import Any
 
 import sympy
 
-from dlperf.engine.device import compute_efficiency, memory_efficiency, startup_time
+from dlperf.engine.device import compute_efficiency, gemm_quantization, memory_efficiency, startup_time
 from dlperf.engine.layers import Use, element_bytes
 from dlperf.engine.stage import conv_choice, use_kernels
 from dlperf.engine.work import model_cost
@@ -24,26 +24,30 @@ B, F, F32, M, LAM = sympy.symbols("B F F32 M lam", positive=True)
 
 def step_time_expr(model: Model, hw: Hardware, dtype: str, choose_at: int = 1) -> Any:
     """Single-device step time in B, F, F32, M, lam (forward + backward; Hockney efficiency per kernel).
-    Convolution algorithms left on `auto` are those cuDNN-style choice picks at B = choose_at."""
+    Convolution algorithms left on `auto` are those cuDNN-style choice picks at B = choose_at, and GEMM tile
+    and wave quantization (a step function of B) is the constant factor it has at B = choose_at."""
     e = element_bytes(dtype)
     total = sympy.Integer(0)
     for layer, count in model.counted():
         use = Use(layer, count, False)
         kernels = use_kernels(use, B, e, hw, dtype, 1)
+        at_choice = use_kernels(use, choose_at, e, hw, dtype, 1)
         if layer.op == "conv2d":
             kernels[0] = algorithm_kernel(layer, conv_choice(use, choose_at, e, hw, dtype, 1)[1], B, e)
-        for kernel in kernels:
-            total += count * _kernel_expr(kernel, hw)
+        for kernel, numeric in zip(kernels, at_choice, strict=True):
+            quantization = gemm_quantization(numeric, hw.device, dtype, 1, None)
+            total += count * _kernel_expr(kernel, hw, dtype, quantization)
     return total
 
 
-def _kernel_expr(kernel: Any, hw: Hardware) -> Any:
+def _kernel_expr(kernel: Any, hw: Hardware, dtype: str, quantization: tuple[Any, Any] = (1.0, 1.0)) -> Any:
     matrix = kernel.cls in ("matmul", "conv")
     peak = F if matrix else F32
-    eff_c = compute_efficiency(hw.device, kernel.cls)
+    eff_c = compute_efficiency(hw.device, kernel.cls, dtype)
     eff_m = memory_efficiency(hw.device, kernel.cls)
     out = sympy.Integer(0)
-    for flops, nbytes, launches in _phases(kernel):
+    for (flops, nbytes, launches), q in zip(_phases(kernel), _phase_factors(kernel, quantization), strict=True):
+        flops = flops * sympy.Float(float(q), 6) if q != 1 else flops
         t0_c = sympy.Float(startup_time(eff_c, max(hw.device.peak_flops.values())), 4)
         t0_m = sympy.Float(startup_time(eff_m, hw.device.memory_bandwidth), 4)
         compute = launches * t0_c + flops / (peak * sympy.Float(eff_c.peak, 4)) if flops != 0 else 0
@@ -88,7 +92,9 @@ def elasticities(model: Model, hw: Hardware, dtype: str, batch: int) -> dict[str
     total = 0.0
     for layer, count in model.counted():
         for kernel in use_kernels(Use(layer, count, False), batch, e, hw, dtype, 1):
-            for flops, nbytes, launches in _phases(kernel):
+            factors = _phase_factors(kernel, gemm_quantization(kernel, hw.device, dtype, 1, None))
+            for (flops, nbytes, launches), q in zip(_phases(kernel), factors, strict=True):
+                flops = flops * q
                 compute, memory, rate_name = _branches(kernel, flops, nbytes, launches, hw, dtype, top)
                 latency = launches * hw.device.launch_latency
                 total += count * (max(compute, memory) + latency)
@@ -99,6 +105,13 @@ def elasticities(model: Model, hw: Hardware, dtype: str, batch: int) -> dict[str
                     shares["memory bandwidth (M)"] -= count * nbytes / (
                         hw.device.memory_bandwidth * memory_efficiency(hw.device, kernel.cls).peak)
     return {"T_value": total, **{k: v / total for k, v in shares.items()}}
+
+
+def _phase_factors(kernel: Any, quantization: tuple[Any, Any]) -> list[Any]:
+    """The quantization factors of the phases `_phases` keeps (forward, backward), in its order."""
+    c = kernel.cost
+    kept = [(c.fwd_flops or c.fwd_bytes), (c.bwd_data_flops + c.bwd_weight_flops or c.bwd_bytes)]
+    return [q for q, keep in zip(quantization, kept, strict=True) if keep]
 
 
 def _phases(kernel: Any) -> list[tuple[Any, Any, Any]]:
@@ -115,7 +128,7 @@ def _branches(kernel: Any, flops: Any, nbytes: Any, launches: Any, hw: Hardware,
 
     matrix = kernel.cls in ("matmul", "conv")
     peak = hw.device.peak(dtype) if matrix else hw.device.peak("fp32")
-    eff = compute_efficiency(hw.device, kernel.cls)
+    eff = compute_efficiency(hw.device, kernel.cls, dtype)
     memory_eff = memory_efficiency(hw.device, kernel.cls)
     compute = float(hockney_time(flops, launches, peak, eff, top)) if flops else 0.0
     memory = float(hockney_time(nbytes, launches, hw.device.memory_bandwidth, memory_eff)) if nbytes else 0.0
@@ -125,4 +138,4 @@ def _branches(kernel: Any, flops: Any, nbytes: Any, launches: Any, hw: Hardware,
 def _rate_part(flops: Any, kernel: Any, hw: Hardware, dtype: str) -> float:
     matrix = kernel.cls in ("matmul", "conv")
     peak = hw.device.peak(dtype) if matrix else hw.device.peak("fp32")
-    return float(flops) / (peak * compute_efficiency(hw.device, kernel.cls).peak)
+    return float(flops) / (peak * compute_efficiency(hw.device, kernel.cls, dtype).peak)

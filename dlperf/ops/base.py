@@ -42,7 +42,9 @@ class Kernel:
 
     `cls` picks the efficiency curve (matmul, conv, memory); `launches` counts forward kernel launches and
     `bwd_launches` backward ones (None: twice as many, data and weight gradient); `split` says whether tensor
-    parallelism divides it.
+    parallelism divides it. A GEMM carries its forward shape `gemm` (batch, m, n, k) for tile and wave
+    quantization, and `tp_dim` names the dimension tensor parallelism divides: n (column-parallel), k
+    (row-parallel), batch (attention heads), or None when the op's place in the network decides (a linear layer).
     """
 
     name: str
@@ -51,6 +53,8 @@ class Kernel:
     launches: Any = 1
     split: bool = True
     bwd_launches: Any = None
+    gemm: tuple[Any, Any, Any, Any] | None = None
+    tp_dim: str | None = None
 
     @property
     def backward_launches(self) -> Any:

@@ -19,7 +19,8 @@ def _tokens(layer: Layer, batch: Any) -> Any:
     return batch * numel(layer.in_shape[:-1])
 
 
-def gemm(name: str, m: Any, k: Any, n: Any, e: int, bias: bool = False, weight: bool = True) -> Kernel:
+def gemm(name: str, m: Any, k: Any, n: Any, e: int, bias: bool = False, weight: bool = True,
+         tp_dim: str | None = None) -> Kernel:
     """C[m,n] = A[m,k] B[k,n]: forward 2mkn; dA = dC B^T and dB = A^T dC cost 2mkn each (Table 4, FC rows).
 
     Depths: forward reduces over k, backward-data over n, backward-weight over m.
@@ -34,7 +35,7 @@ def gemm(name: str, m: Any, k: Any, n: Any, e: int, bias: bool = False, weight: 
         bwd_bytes=e * 2 * (m * n + m * k + k * n),
         depth=clog2(k) + (1 if bias else 0),
         bwd_depth=clog2(n),
-    ))
+    ), gemm=(1, m, n, k), tp_dim=tp_dim)
 
 
 def bias_grad(name: str, m: Any, n: Any, e: int) -> Kernel:
@@ -137,10 +138,10 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     q_rows, kv_rows = batch * s, batch * skv
     scores = batch * h * s * skv
     projections = (
-        gemm("q_proj", q_rows, d, h * hd, e, bias),
-        gemm("kv_proj", kv_rows, d, 2 * kv * hd, e, bias),
+        gemm("q_proj", q_rows, d, h * hd, e, bias, tp_dim="n"),
+        gemm("kv_proj", kv_rows, d, 2 * kv * hd, e, bias, tp_dim="n"),
     )
-    out_proj = gemm("out_proj", q_rows, h * hd, out, e, bias)
+    out_proj = gemm("out_proj", q_rows, h * hd, out, e, bias, tp_dim="k")
     biases = (bias_grad("q_bias_grad", q_rows, h * hd, e), bias_grad("kv_bias_grad", kv_rows, 2 * kv * hd, e),
               bias_grad("out_bias_grad", q_rows, out, e)) if bias else ()
     qk = Cost(fwd_flops=2 * scores * hd, bwd_data_flops=4 * scores * hd, depth=clog2(hd), bwd_depth=clog2(skv))
@@ -164,7 +165,8 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
         Kernel("head_transposes", "memory", Cost(fwd_bytes=heads_bytes, bwd_bytes=heads_bytes, depth=1, bwd_depth=1),
                launches=4),
         Kernel("scores", "matmul", qk + Cost(fwd_bytes=q_bytes + k_bytes + score_bytes,
-                                              bwd_bytes=2 * score_bytes + 2 * qkv_bytes)),
+                                              bwd_bytes=2 * score_bytes + 2 * qkv_bytes),
+               gemm=(batch * h, s, skv, hd), tp_dim="batch"),
         Kernel("softmax", "transcendental", softmax + Cost(fwd_bytes=2 * score_bytes, bwd_bytes=3 * score_bytes)),
     ]
     if layer["dropout"]:
@@ -175,7 +177,8 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
             bwd_bytes=2 * score_bytes + MASK_BYTES * scores, depth=1, bwd_depth=1)))
     kernels += [
         Kernel("attend", "matmul", av + Cost(fwd_bytes=score_bytes + k_bytes + e * batch * s * h * hd,
-                                              bwd_bytes=2 * score_bytes + qkv_bytes)),
+                                              bwd_bytes=2 * score_bytes + qkv_bytes),
+               gemm=(batch * h, s, hd, skv), tp_dim="batch"),
         out_proj,
         *biases,
     ]

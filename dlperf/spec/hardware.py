@@ -47,6 +47,14 @@ DEFAULT_EFFICIENCY = {
     "memory": (0.90, 0.0, 2.3e-6),
 }
 DEFAULT_LAUNCH_LATENCY = 5e-6
+# Host time an eager framework spends issuing one kernel (Python, dispatcher, autograd, the launch call). While
+# kernels are shorter than this the GPU waits for the CPU, so a pass costs max(device time, host time).
+# - forward 6.8 us: a Python-level op recorded by autograd, 1M `y = 2*x` calls in 6.8 s (pytorch/pytorch#41383,
+#   2020; about 2 us without Python and autograd, ngimel in the same thread).
+# - backward 4 us: the autograd engine issues backward kernels from C++, without Python: "4 us per op on CUDA"
+#   for a dispatch-bound model (pytorch/pytorch#82793, 2022).
+DEFAULT_DISPATCH = (6.8e-6, 4e-6)
+DEFAULT_CHANNELS = 2  # "it should just launch 2 SMs" on a one-NIC system, NCCL's minimum (NVIDIA/nccl#689)
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,10 @@ class Efficiency:
     half: float = 0.0
     source: str = ""
     startup: float | None = None
+    # GEMM tiling (matmul curves only): the output tile one SM computes and the smallest K slice split-K may
+    # leave; with the device's SM count they price tile and wave quantization (engine/device.py).
+    tile: tuple[int, int] | None = None
+    min_split_k: int = 256
 
     def at(self, size: Any) -> Any:
         if self.half == 0:
@@ -76,6 +88,9 @@ class Device:
     memory_bandwidth: float
     launch_latency: float = DEFAULT_LAUNCH_LATENCY
     efficiency: dict[str, Efficiency] = field(default_factory=dict)
+    sms: int | None = None                          # streaming multiprocessors (compute units)
+    dispatch_forward: float = DEFAULT_DISPATCH[0]   # host seconds to issue one forward kernel
+    dispatch_backward: float = DEFAULT_DISPATCH[1]  # ... one backward kernel
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype; fp32 stands in for a dtype the device does not list."""
@@ -85,11 +100,15 @@ class Device:
             return self.peak_flops["fp32"]
         raise SpecError(f"device {self.name} has no peak_flops for {dtype}", field="device.peak_flops")
 
-    def eff(self, kernel_class: str) -> Efficiency:
+    def eff(self, kernel_class: str, dtype: str | None = None) -> Efficiency:
+        """The curve of a kernel class; a dtype whose kernels run on other units (fp32 on CUDA cores, tf32, fp8)
+        may have its own curve (`efficiency.matmul.dtypes.fp32`), else the class's curve stands in."""
+        if dtype is not None and f"{kernel_class}/{dtype}" in self.efficiency:
+            return self.efficiency[f"{kernel_class}/{dtype}"]
         if kernel_class in self.efficiency:
             return self.efficiency[kernel_class]
         if kernel_class == "conv":
-            return self.eff("matmul")
+            return self.eff("matmul", dtype)
         if kernel_class == "transcendental":  # exp/tanh-bound element-wise kernels, when not measured apart
             return self.eff("memory")
         peak, half, startup = DEFAULT_EFFICIENCY[kernel_class]
@@ -107,6 +126,9 @@ class NetworkLevel:
     # for contention: devices of that domain crossing this level at once share them. None = one per device
     # (full rails), and `bandwidth` is then per device; with a count, `bandwidth` is per link.
     links_per_domain: int | None = None
+    # SMs an NCCL collective over this level occupies (one CTA per channel, never shared with compute kernels:
+    # sjeaugey, NVIDIA/nccl#689); compute overlapped with it runs on the rest. Default: NCCL's minimum of 2.
+    channels: int = DEFAULT_CHANNELS
 
 
 @dataclass(frozen=True)
@@ -127,10 +149,11 @@ class Hardware:
 
 _TOP_KEYS = ("name", "source", "description", "device", "network", "price_per_device_hour", "calibration")
 _DEVICE_KEYS = (
-    "name", "peak_flops", "memory", "memory_bandwidth", "launch_latency", "efficiency", "source",
+    "name", "peak_flops", "memory", "memory_bandwidth", "launch_latency", "efficiency", "source", "sms", "dispatch",
 )
-_LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "source")
-_EFF_KEYS = ("peak", "half", "startup", "source")
+_DISPATCH_KEYS = ("forward", "backward", "source")
+_LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "source")
+_EFF_KEYS = ("peak", "half", "startup", "source", "tile", "min_split_k", "dtypes")
 
 
 def _quantity(node: dict, key: str, kind: str, file: str, where: str) -> float:
@@ -171,17 +194,47 @@ def _efficiency(node: Any, file: str, where: str) -> dict[str, Efficiency]:
     out = {}
     for cls, curve in node.items():
         here = field_name(where, cls)
-        check_keys(curve, _EFF_KEYS, file, here, required=("peak",))
-        peak = _fraction(curve["peak"], file, line_of(curve, "peak"), field_name(here, "peak"))
-        half = 0.0
-        if "half" in curve:
-            kind = "bytes" if cls in ("memory", "transcendental") else "flops"
-            half = _quantity(curve, "half", kind, file, here)
-        startup = _quantity(curve, "startup", "time", file, here) if "startup" in curve else None
-        if cls == "matmul" and "half" not in curve and startup is None:
-            startup = DEFAULT_EFFICIENCY["matmul"][2]  # a file that gives only the peak keeps the default t0
-        out[cls] = Efficiency(peak, half, str(curve.get("source", "")), startup)
+        out[cls] = _curve(curve, cls, file, here)
+        dtypes = curve.get("dtypes", {})
+        check_keys(dtypes, DTYPES, file, field_name(here, "dtypes"))
+        for dtype, sub in dtypes.items():
+            if isinstance(sub, dict) and "dtypes" in sub:
+                raise SpecError("a per-dtype curve cannot nest dtypes", file=file, line=line_of(sub, "dtypes"),
+                                field=field_name(field_name(field_name(here, "dtypes"), dtype), "dtypes"))
+            out[f"{cls}/{dtype}"] = _curve(sub, cls, file, field_name(field_name(here, "dtypes"), dtype))
     return out
+
+
+def _curve(curve: Any, cls: str, file: str, here: str) -> Efficiency:
+    check_keys(curve, _EFF_KEYS, file, here, required=("peak",))
+    peak = _fraction(curve["peak"], file, line_of(curve, "peak"), field_name(here, "peak"))
+    half = 0.0
+    if "half" in curve:
+        kind = "bytes" if cls in ("memory", "transcendental") else "flops"
+        half = _quantity(curve, "half", kind, file, here)
+    startup = _quantity(curve, "startup", "time", file, here) if "startup" in curve else None
+    if cls == "matmul" and "half" not in curve and startup is None:
+        startup = DEFAULT_EFFICIENCY["matmul"][2]  # a file that gives only the peak keeps the default t0
+    tile = _tile(curve, file, here) if "tile" in curve else None
+    min_k = _positive_int(curve, "min_split_k", file, here) if "min_split_k" in curve else 256
+    return Efficiency(peak, half, str(curve.get("source", "")), startup, tile, min_k)
+
+
+def _tile(curve: dict, file: str, here: str) -> tuple[int, int]:
+    tile = curve["tile"]
+    if not (isinstance(tile, list) and len(tile) == 2
+            and all(isinstance(t, int) and not isinstance(t, bool) and 0 < t <= 4096 for t in tile)):
+        raise SpecError(expected="[rows, columns] of the output tile, e.g. [256, 128]", found=tile, file=file,
+                        line=line_of(curve, "tile"), field=field_name(here, "tile"))
+    return tile[0], tile[1]
+
+
+def _dispatch(node: Any, file: str) -> tuple[float, float]:
+    where = "device.dispatch"
+    check_keys(node, _DISPATCH_KEYS, file, where)
+    fwd = _quantity(node, "forward", "time", file, where) if "forward" in node else DEFAULT_DISPATCH[0]
+    bwd = _quantity(node, "backward", "time", file, where) if "backward" in node else DEFAULT_DISPATCH[1]
+    return fwd, bwd
 
 
 def _device(node: Any, file: str) -> Device:
@@ -192,6 +245,7 @@ def _device(node: Any, file: str) -> Device:
     if "fp32" not in flops:
         raise SpecError("missing required key 'fp32'", file=file, line=line_of(flops), field="device.peak_flops")
     peak = {dt: _quantity(flops, dt, "flop_rate", file, "device.peak_flops") for dt in flops}
+    dispatch = _dispatch(node["dispatch"], file) if "dispatch" in node else DEFAULT_DISPATCH
     return Device(
         name=_text(node, "name", file, where),
         peak_flops=peak,
@@ -202,6 +256,9 @@ def _device(node: Any, file: str) -> Device:
             if "launch_latency" in node else DEFAULT_LAUNCH_LATENCY
         ),
         efficiency=_efficiency(node["efficiency"], file, "device.efficiency") if "efficiency" in node else {},
+        sms=_positive_int(node, "sms", file, where) if "sms" in node else None,
+        dispatch_forward=dispatch[0],
+        dispatch_backward=dispatch[1],
     )
 
 
@@ -231,6 +288,7 @@ def _network(node: Any, file: str) -> tuple[NetworkLevel, ...]:
             latency=_quantity(level, "latency", "time", file, where),
             efficiency=_fraction(eff, file, line_of(level, "efficiency"), field_name(where, "efficiency")),
             links_per_domain=links,
+            channels=_positive_int(level, "channels", file, where) if "channels" in level else DEFAULT_CHANNELS,
         ))
     return tuple(levels)
 
