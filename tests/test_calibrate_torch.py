@@ -106,3 +106,18 @@ def test_check_rows_and_verdict(tmp_path):
     assert all(r.predicted_s > 0 and r.error == pytest.approx(r.predicted_s / r.measured.median - 1) for r in full.rows)
     assert hw.name == "hw"
 
+
+
+def test_dispatch_is_measured_on_the_host_clock_and_written_to_the_file(monkeypatch):
+    """The host cost per autograd-recorded op: a few microseconds in eager PyTorch (pytorch/pytorch#41383 and
+    #82793 report 4-7 us), and what the written file gives the engine."""
+    forward, backward = T.dispatch_times(torch, "cpu", ops=50, rounds=3)
+    assert 1e-7 < forward < 1e-3 and 1e-7 < backward < 1e-3
+    from dlperf.calibrate import calibration as C
+
+    cal = C.Calibration("torch", "cpu", "test CPU", 2.0**33, True, [], [], None, [], {}, "now", 1.0, 0.0,
+                        dispatch=(forward, backward), sms=None)
+    lines = hwfile._host_lines(cal)
+    assert len(lines) == 1 and "dispatch: {forward:" in lines[0]
+    cal.sms = 108
+    assert hwfile._host_lines(cal)[0].startswith("  sms: 108")

@@ -49,6 +49,37 @@ def device_memory(torch: Any, device: str) -> float:
     return physical_memory()
 
 
+def device_sms(torch: Any, device: str) -> int | None:
+    """Streaming multiprocessors of the CUDA device (None on a CPU)."""
+    return int(torch.cuda.get_device_properties(0).multi_processor_count) if device == "cuda" else None
+
+
+def dispatch_times(torch: Any, device: str, ops: int = 200, rounds: int = 7) -> tuple[float, float]:
+    """Host seconds per kernel an eager step spends issuing forward ops (Python, dispatcher, autograd recording,
+    the launch call) and backward ops (the autograd engine): a chain of `ops` one-element multiplies that
+    autograd records, timed on the host clock without waiting for the device, median of `rounds`. The engine's
+    host-bound passes use these (spec/hardware.py DEFAULT_DISPATCH)."""
+    import statistics
+    import time
+
+    x = torch.ones(1, device=device, requires_grad=True)
+    forward, backward = [], []
+    for _ in range(rounds + 1):  # the first round warms the allocator and autograd's caches
+        start = time.perf_counter()
+        y = x
+        for _ in range(ops):
+            y = y * 1.0001
+        middle = time.perf_counter()
+        y.backward()
+        end = time.perf_counter()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        forward.append((middle - start) / ops)
+        backward.append((end - middle) / ops)
+        x.grad = None
+    return statistics.median(forward[1:]), statistics.median(backward[1:])
+
+
 def cuda_sampler(torch: Any) -> Sampler:
     """Seconds per call from CUDA events recorded around `inner` launches."""
 

@@ -118,6 +118,8 @@ class Calibration:
     seconds: float
     dram_floor: float
     notes: list[str] = field(default_factory=list)
+    dispatch: tuple[float, float] | None = None   # host seconds per forward / backward kernel (torch only)
+    sms: int | None = None                        # streaming multiprocessors (CUDA only)
 
     def fit(self, name: str) -> LineFit:
         for item in self.fits:
@@ -343,12 +345,23 @@ def calibrate(backend: str = "auto", device: str = "cpu", quick: bool = False, t
     floor = dram_floor(samples) if any(s.cls == "memory" for s in samples) else 0.0
     launch = [s.timing for s in samples if s.cls == "launch"]
     fits = fit_all(samples, floor, notes, launch[0].median if launch else 0.0)
+    dispatch, sms = _host_and_sms(backend, device) if "launch" in kinds else (None, None)
     return Calibration(
         backend=backend, device=device, device_name=name, device_memory=memory, quick=quick, samples=samples,
         fits=fits, launch=launch[0] if launch else None, skipped=skipped,
         environment=env, started=started, seconds=time.perf_counter() - clock - (hook.seconds if hook else 0.0),
-        dram_floor=floor, notes=notes,
+        dram_floor=floor, notes=notes, dispatch=dispatch, sms=sms,
     )
+
+
+def _host_and_sms(backend: str, device: str) -> tuple[tuple[float, float] | None, int | None]:
+    """The eager framework's host cost per kernel and the SM count, where the backend can tell them."""
+    if backend != "torch":
+        return None, None  # numpy has no autograd: the engine keeps its sourced default
+    from dlperf.calibrate import backend_torch as T
+
+    torch = T.load_torch(device)
+    return T.dispatch_times(torch, device), T.device_sms(torch, device)
 
 
 class _TimedHook:

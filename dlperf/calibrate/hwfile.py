@@ -46,6 +46,8 @@ class Curve:
     peak: float
     half: float
     source: str
+    startup: float | None = None                 # Hockney t0 beyond the launch, when given directly
+    dtypes: dict[str, Curve] | None = None       # per-dtype curves (matmul on CUDA: fp32 SIMT, tf32, fp16...)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,11 @@ def device_constants(cal: Calibration) -> DeviceConstants:
     peak_flops = {d: r * scale for d, r in rates.items()}
     top = max(peak_flops.values())
     mm = cal.fit(ref)
-    efficiency = {"matmul": Curve(1.0 / scale, max(mm.t0 - launch, 0.0) * top / scale, _fit_note(cal, ref))}
+    per_dtype = {d: Curve(1.0 / scale, 0.0, _fit_note(cal, f"matmul {d}"),
+                          startup=max(cal.fit(f"matmul {d}").t0 - launch, 0.0))
+                 for d in rates if d != REFERENCE_DTYPE}
+    efficiency = {"matmul": Curve(1.0 / scale, max(mm.t0 - launch, 0.0) * top / scale, _fit_note(cal, ref),
+                                  dtypes=per_dtype or None)}
     comments = {d: _fit_note(cal, f"matmul {d}") for d in rates}
     if conv:
         peak = conv.rate / (rates[REFERENCE_DTYPE] * scale)
@@ -124,15 +130,42 @@ def _scalar(value: Any) -> str:
     return text.strip().removesuffix("...").strip()
 
 
-def _efficiency_lines(curves: dict[str, Curve]) -> list[str]:
+def _efficiency_lines(curves: dict[str, Curve], sms: int | None) -> list[str]:
     lines = ["  efficiency:"]
     for cls, c in curves.items():
         kind = "bytes" if cls in ("memory", "transcendental") else "flops"
-        fields = [f"peak: {min(1.0, round(c.peak, 4)) or 1e-4:g}"]
-        if c.half > 0:
-            fields.append(f"half: {_q(c.half, kind)}")
-        fields.append(f"source: {json.dumps(c.source)}")  # double-quoted: safe inside a flow mapping
+        fields = _curve_fields(c, kind)
+        if cls == "matmul" and sms:
+            fields.insert(-1, f"tile: {list(GPU_TILE)}")
+        if c.dtypes:
+            inner = ", ".join(f"{d}: {{{', '.join(_curve_fields(sub, kind))}}}" for d, sub in c.dtypes.items())
+            fields.insert(-1, f"dtypes: {{{inner}}}")
         lines.append(f"    {cls}: {{{', '.join(fields)}}}")
+    return lines
+
+
+# The output tile of the engine's GEMM quantization on a GPU (NVIDIA "Matrix Multiplication Background User's
+# Guide", DU-09799-001, wave quantization example: 256x128 tiles, one per SM), written with the measured SM count.
+GPU_TILE = (256, 128)
+
+
+def _curve_fields(c: Curve, kind: str) -> list[str]:
+    fields = [f"peak: {min(1.0, round(c.peak, 4)) or 1e-4:g}"]
+    if c.half > 0:
+        fields.append(f"half: {_q(c.half, kind)}")
+    if c.startup is not None:
+        fields.append(f"startup: {_q(c.startup, 'time') if c.startup > 0 else '0 s'}")
+    fields.append(f"source: {json.dumps(c.source)}")  # double-quoted: safe inside a flow mapping
+    return fields
+
+
+def _host_lines(cal: Calibration) -> list[str]:
+    lines = [f"  sms: {cal.sms}   # torch.cuda.get_device_properties().multi_processor_count"] if cal.sms else []
+    if cal.dispatch:
+        fwd, bwd = cal.dispatch
+        note = "host time per autograd-recorded one-element op, forward and backward (dlperf calibrate)"
+        lines.append(f"  dispatch: {{forward: {_q(fwd, 'time')}, backward: {_q(bwd, 'time')}, "
+                     f"source: {json.dumps(note)}}}")
     return lines
 
 
@@ -184,6 +217,8 @@ def stamp(cal: Calibration, extra: dict[str, Any] | None = None) -> dict[str, An
         "memory_fit_min_working_set": _q(cal.dram_floor, "bytes") if cal.dram_floor else "-",
         "fits": fits,
     }
+    if cal.dispatch is not None:
+        out["dispatch"] = {"forward": _q(cal.dispatch[0], "time"), "backward": _q(cal.dispatch[1], "time")}
     if cal.launch is not None:
         out["launch"] = {"median": _q(cal.launch.median, "time"), "p25": _q(cal.launch.p25, "time"),
                          "p75": _q(cal.launch.p75, "time")}
@@ -222,7 +257,8 @@ def render(cal: Calibration, name: str, levels: list[dict[str, Any]], extra: dic
         f"  memory: {_q(cal.device_memory, 'bytes')}   # physical memory of the device",
         f"  memory_bandwidth: {_q(c.memory_bandwidth, 'bandwidth')}   # {c.comments['memory_bandwidth']}",
         f"  launch_latency: {_q(c.launch_latency, 'time')}   # {c.comments['launch_latency']}",
-        *_efficiency_lines(c.efficiency),
+        *_host_lines(cal),
+        *_efficiency_lines(c.efficiency, cal.sms),
         "network:",
         *(f"  - {_scalar(level)}" for level in levels),
         yaml.safe_dump({"calibration": stamp(cal, extra)}, sort_keys=False, width=110).rstrip("\n"),
