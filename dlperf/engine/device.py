@@ -10,6 +10,9 @@ quantization"). Everything here works on floats and numpy arrays alike (mathx), 
 
 from __future__ import annotations
 
+import functools
+import math
+import numbers
 from typing import Any
 
 from dlperf import mathx
@@ -65,22 +68,34 @@ def wave_quantization(batch: Any, m: Any, n: Any, k: Any, sms: int, tile: tuple[
     are too few, as cuBLAS's heuristics do; the best s is taken. Shapes that are not numbers (the symbolic B)
     are left unquantized (1.0).
     """
+    if all(type(x) in (int, float) for x in (batch, m, n, k)):
+        return _scalar_quantization(float(batch), float(m), float(n), float(k), sms, tile, min_k)
     if not all(_is_number(x) for x in (batch, m, n, k)):
         return 1.0
     tm, tn = tile
     tiles = batch * mathx.ceil(m / tm) * mathx.ceil(n / tn)
-    ideal = batch * m * n / (tm * tn * sms)
     best, splits = mathx.ceil(tiles / sms), 2
     while k / splits >= min_k:
         best = mathx.minimum(best, mathx.ceil(tiles * splits / sms) / splits)
         splits *= 2
-    return best / ideal
+    return best * (tm * tn * sms) / (batch * m * n)
+
+
+@functools.lru_cache(maxsize=65536)
+def _scalar_quantization(batch: float, m: float, n: float, k: float, sms: int, tile: tuple[int, int],
+                         min_k: int) -> float:
+    """wave_quantization for plain numbers, memoised: search prices the same GEMMs for thousands of plans."""
+    tm, tn = tile
+    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+    best, splits = math.ceil(tiles / sms), 2
+    while k / splits >= min_k:
+        best = min(best, math.ceil(tiles * splits / sms) / splits)
+        splits *= 2
+    return best * (tm * tn * sms) / (batch * m * n)
 
 
 def _is_number(x: Any) -> bool:
-    import numbers
-
-    return isinstance(x, numbers.Real) or type(x).__module__ == "numpy"
+    return type(x) in (int, float) or isinstance(x, numbers.Real) or type(x).__module__ == "numpy"
 
 
 def gemm_quantization(kernel: Kernel, device: Device, dtype: str, divisor: Any, tp_dim: str | None) -> tuple[Any,

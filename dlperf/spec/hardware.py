@@ -91,6 +91,10 @@ class Device:
     sms: int | None = None                          # streaming multiprocessors (compute units)
     dispatch_forward: float = DEFAULT_DISPATCH[0]   # host seconds to issue one forward kernel
     dispatch_backward: float = DEFAULT_DISPATCH[1]  # ... one backward kernel
+    dtype_curves: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype_curves", frozenset(k for k in self.efficiency if "/" in k))
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype; fp32 stands in for a dtype the device does not list."""
@@ -103,7 +107,7 @@ class Device:
     def eff(self, kernel_class: str, dtype: str | None = None) -> Efficiency:
         """The curve of a kernel class; a dtype whose kernels run on other units (fp32 on CUDA cores, tf32, fp8)
         may have its own curve (`efficiency.matmul.dtypes.fp32`), else the class's curve stands in."""
-        if dtype is not None and f"{kernel_class}/{dtype}" in self.efficiency:
+        if dtype is not None and self.dtype_curves and f"{kernel_class}/{dtype}" in self.dtype_curves:
             return self.efficiency[f"{kernel_class}/{dtype}"]
         if kernel_class in self.efficiency:
             return self.efficiency[kernel_class]
