@@ -21,9 +21,9 @@ The model, per (algorithm a, protocol p), time in us with sizes in bytes and ban
   nInterSteps = 2(nNodes-1) (allreduce) or nNodes-1 network hops; tree 2((ppn-1) intra + log2(nNodes) network)
   hops; NVLS one NVLS latency; the multi-node Simple ring plateau (x1.4, x1.9 before Ampere);
 - message size: NCCL runs a message on fewer channels when it is small (enqueue.cc: channels drop while
-  n < channels x threads x threadThreshold), so a medium message gets a fraction n/(threads x threshold x
-  channels) of the bandwidth; this is continuous here (NCCL steps one channel at a time), which keeps time
-  monotone in size. The tree correction table (tuning.cc treeCorrectionFactor, per power of two) is
+  n < channels x threads x threadThreshold), so a medium message gets min(busBw, per-channel busBw x
+  n / (threads x threshold)); continuous here (NCCL steps one channel at a time), which keeps time monotone in
+  size. Channels = Simple busBw / the per-link bandwidth NCCL's search gives a channel (topo.h). The tree correction table (tuning.cc treeCorrectionFactor, per power of two) is
   interpolated in log2(size) for the same reason.
 
 The level `latency` of a hardware file is NCCL's Ring/Simple hop latency of its link class (as the built-in
@@ -34,7 +34,7 @@ operations (P-1 concurrent sends through the peers' links), costed with the Ring
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dlperf import mathx
@@ -244,21 +244,28 @@ def _tree_correction(n: Any, p: int) -> Any:
     return out
 
 
-def _channel_fraction(n: Any, op: str, algo: str, p: int, s: Setup) -> Any:
-    """Share of the channels a message of n bytes runs on (enqueue.cc), continuous: min(1, n / (threads x
-    threshold x channels)); NVLS and PAT keep their channels."""
-    if algo not in ("ring", "tree"):
-        return 1.0
+def _active_channels(n: Any, algo: str, p: int, s: Setup) -> Any:
+    """Channels a message of n bytes runs on (enqueue.cc: drop channels while n < channels x threads x
+    threshold), continuous here: min(channels, n / (threads x threshold))."""
     threshold = THREAD_THRESHOLD[p] * (s.P if algo == "ring" and p == 0 else 1)
-    return mathx.minimum(1.0, n / (THREADS[p] * threshold * s.channels))
+    return mathx.minimum(s.channels, n / (THREADS[p] * threshold))
+
+
+def _per_channel(op: str, algo: str, p: int, s: Setup) -> float:
+    """busBw of one channel: the same protocol factors and caps applied to one channel's share of the links."""
+    one = replace(s, ring_bw=s.ring_bw / s.channels, tree_bw=s.tree_bw / s.channels, channels=1.0)
+    return bus_bandwidth(op, algo, p, one)
 
 
 def time_us(op: str, algo: str, p: int, n: Any, s: Setup) -> Any:
     """Predicted time (us) of one (algorithm, protocol) for n bytes (float or numpy array)."""
     bw = algorithm_bandwidth(op, algo, p, s)
+    if algo in ("ring", "tree"):
+        ratio = bw / bus_bandwidth(op, algo, p, s)
+        limited = ratio * _per_channel(op, algo, p, s) * _active_channels(n, algo, p, s)
+        bw = mathx.minimum(bw, mathx.maximum(limited, 1e-30))
     if algo == "tree" and op == "allreduce":
         bw = bw * _tree_correction(n, p)
-    bw = bw * mathx.maximum(_channel_fraction(n, op, algo, p, s), 1e-30)
     lat = latency(op, algo, p, s)
     if algo == "ring" and p == 2 and s.nodes > 1 and op == "allreduce":
         # plateau effect of multi-node rings once a channel carries >= 64 B per rank
