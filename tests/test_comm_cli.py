@@ -85,4 +85,6 @@ def test_stride_places_one_rank_per_node(capsys) -> None:
     code, out, _ = run(capsys, "allreduce", "--gpus", "4", "--stride", "8", "--format", "json")
     assert code == 0 and json.loads(out)["levels"] == ["infiniband-hdr"]
     code, out, _ = run(capsys, "allreduce", "--gpus", "16", "--algorithm", "auto:nccl", "--format", "json")
-    assert code == 0 and json.loads(out)["chosen"] in ("ring", "double_tree")
+    assert code == 0 and json.loads(out)["chosen"] in ("nccl:ring/Simple", "nccl:tree/Simple")
+    code, out, _ = run(capsys, "allreduce", "--gpus", "16", "--algorithm", "auto:textbook", "--format", "json")
+    assert code == 0 and not json.loads(out)["chosen"].startswith("nccl:")

@@ -23,8 +23,9 @@ The model, per (algorithm a, protocol p), time in us with sizes in bytes and ban
 - message size: NCCL runs a message on fewer channels when it is small (enqueue.cc: channels drop while
   n < channels x threads x threadThreshold), so a medium message gets min(busBw, per-channel busBw x
   n / (threads x threshold)); continuous here (NCCL steps one channel at a time), which keeps time monotone in
-  size. Channels = Simple busBw / the per-link bandwidth NCCL's search gives a channel (topo.h). The tree correction table (tuning.cc treeCorrectionFactor, per power of two) is
-  interpolated in log2(size) for the same reason.
+  size. Channels = Simple busBw / the per-link bandwidth NCCL's search gives a channel (topo.h). The tree
+  correction table (tuning.cc treeCorrectionFactor, per power of two) is interpolated in log2(size) for the
+  same reason.
 
 The level `latency` of a hardware file is NCCL's Ring/Simple hop latency of its link class (as the built-in
 files say); the other (algorithm, protocol) hop latencies scale with it by tuning.cc's ratios, so a file that
