@@ -24,7 +24,10 @@ TABLES = sorted((Path(__file__).parents[1] / "dlperf" / "data" / "nccl_tests").g
 # (a fact about the model, measured when the tables were added; not loosened to pass).
 MEAN_ERROR = {
     "crusoe-2x8-a100-allreduce": 0.16,  # 2 nodes x 8 A100, 8 B .. 2 GiB: 15.9%
+    "gke-2x8-h200-allgather": 0.16,  # 2 nodes x 8 H200 (RoCE), all_gather 4 KiB .. 2 GiB: 15.1%
     "nebius-2x8-h100-allreduce": 0.21,  # 2 nodes x 8 H100, 8 B .. 8 GiB: 20.6% (NVLS-Tree above 128 MiB unmodelled)
+    "oci-8x-a100-allreduce": 0.34,  # 1 node, 8 A100, 64 B .. 8 GiB: 33.0% (-45% below 4 MiB: NCCL's LL constants
+    # and the -g 8 single-process launch; within 10% from 64 MiB up)
     "mlengineering-8x-h200-allreduce": 0.27,  # torch-timed, 32 KiB .. 16 GiB: 26.6% (torch launch cost included)
 }
 
@@ -142,8 +145,8 @@ def test_published_table_within_stated_error(path: Path) -> None:
 
 
 def test_large_a100_ring_rows_within_five_percent() -> None:
-    table = load_yaml_file(TABLES[0])
-    assert table["name"] == "crusoe-2x8-a100-allreduce"
+    """From 128 MiB up NCCL runs the Simple ring at the links' rate, which the hardware file's efficiency gives."""
+    table = load_yaml_file(next(p for p in TABLES if p.stem == "crusoe-2x8-a100-allreduce"))
     rows = np.array(table["rows"], dtype=float)
     big = rows[rows[:, 0] >= 2**27]
     predicted = collective_time("allreduce", big[:, 0], Group(16), load_hardware("dgx-a100"))

@@ -75,8 +75,9 @@ def _title(report: Any, gpus: int, stride: int) -> str:
 @click.option("--gpus", type=int, default=8, show_default=True, help="Number of ranks in the group.")
 @click.option("--hardware", default="dgx-a100", show_default=True, help="Built-in hardware name or YAML path.")
 @click.option("--algorithm", default="auto", show_default=True,
-              help="auto (fastest of all), auto:nccl (fastest of NCCL's), or force one: ring, tree, double_tree, "
-                   "recursive_doubling, rabenseifner, hierarchical, leaders, ps:S, ...")
+              help="auto (NCCL's tuner: fastest of NCCL's algorithm x protocol pairs), auto:textbook (fastest "
+                   "textbook algorithm), nccl:ALGO[/PROTO] (nccl:ring, nccl:tree/LL128, nccl:nvls, ...), or a "
+                   "textbook one: ring, tree, double_tree, recursive_doubling, rabenseifner, hierarchical, ps:S, ...")
 @click.option("--stride", type=int, default=1, show_default=True,
               help="Distance between ranks in device order (8 = one rank per 8-GPU node).")
 @click.option("--concurrent", type=int, default=None,
@@ -86,7 +87,8 @@ def _title(report: Any, gpus: int, stride: int) -> str:
 def comm(op: str, size: str, sizes: str | None, gpus: int, hardware: str, algorithm: str, stride: int,
          concurrent: int | None, fmt: str) -> None:
     """Predict one collective OP (allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, gather,
-    scatter, sendrecv) in the alpha-beta model, as nccl-tests would report it."""
+    scatter, sendrecv) as NCCL runs it (algorithm/protocol chosen by NCCL's cost model), or a textbook
+    alpha-beta algorithm, as nccl-tests would report it."""
     op = normalize_op(op)
     for name, value in (("--gpus", gpus), ("--stride", stride), ("--concurrent", concurrent)):
         if value is not None and value < 1:
