@@ -35,8 +35,12 @@ operations (P-1 concurrent sends through the peers' links), costed with the Ring
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
+
+import numpy as np
 
 from dlperf import mathx
 from dlperf.comm.collectives import CommError
@@ -233,23 +237,15 @@ def algorithm_bandwidth(op: str, algo: str, p: int, s: Setup) -> float:
     return bus * 0.5
 
 
-def _tree_correction(n: Any, p: int) -> Any:
-    """treeCorrectionFactor at log2(n/64), linearly interpolated between powers of two. NCCL applies the table
-    for log2(n/64) < 23 only, so the curve ends at 1 from 2^23 x 64 B = 512 MiB on."""
-    points = (*TREE_CORRECTION[p][:23], 1.0)
-    x = mathx.log2(mathx.maximum(n, 64.0) / 64.0)
-    out = points[0]
-    for i in range(len(points) - 1):
-        if points[i + 1] != points[i]:
-            out = out + (points[i + 1] - points[i]) * mathx.minimum(mathx.maximum(x - i, 0.0), 1.0)
-    return out
-
-
 def _active_channels(n: Any, algo: str, p: int, s: Setup) -> Any:
     """Channels a message of n bytes runs on (enqueue.cc: drop channels while n < channels x threads x
     threshold), continuous here: min(channels, n / (threads x threshold))."""
-    threshold = THREAD_THRESHOLD[p] * (s.P if algo == "ring" and p == 0 else 1)
-    return mathx.minimum(s.channels, n / (THREADS[p] * threshold))
+    return mathx.minimum(s.channels, n / _unit(algo, p, s))
+
+
+def _unit(algo: str, p: int, s: Setup) -> float:
+    """Bytes one channel needs before NCCL uses it: threads x threadThreshold (x nRanks for ring LL)."""
+    return THREADS[p] * THREAD_THRESHOLD[p] * (s.P if algo == "ring" and p == 0 else 1)
 
 
 def _per_channel(op: str, algo: str, p: int, s: Setup) -> float:
@@ -258,30 +254,104 @@ def _per_channel(op: str, algo: str, p: int, s: Setup) -> float:
     return bus_bandwidth(op, algo, p, one)
 
 
-def time_us(op: str, algo: str, p: int, n: Any, s: Setup) -> Any:
-    """Predicted time (us) of one (algorithm, protocol) for n bytes (float or numpy array)."""
+# ------------------------------------------------------------------------------------------ compiled costs
+
+# treeCorrectionFactor at log2(n / 64) = 0, 1, ..., 22, then 1 from 2^23 x 64 B = 512 MiB on (NCCL applies the table
+# for log2(n/64) < 23 only); linear in between.
+_TREE_POINTS = tuple((*row[:23], 1.0) for row in TREE_CORRECTION)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One (algorithm, protocol) of one op on one communicator, reduced to constants (us, GB/s, bytes):
+
+        T(n) = lat x (plateau if n >= plateau_at) + share x n / (1000 x min(bw, per_channel x min(channels, n/unit))
+               x tree_correction(n))
+
+    and, for point-to-point LL (valid up to `ll_limit` bytes), no less than `simple` beyond that limit."""
+
+    lat: float
+    bw: float
+    per_channel: float = 0.0  # 0: no channel limit (NVLS, PAT, point-to-point)
+    unit: float = 1.0
+    channels: float = 1.0
+    tree: int = -1  # protocol row of the tree correction, -1: none
+    plateau: float = 1.0
+    plateau_at: float = float("inf")
+    share: float = 1.0
+    ll_limit: float = float("inf")
+    simple: Cost | None = None
+
+
+def compile_cost(op: str, algo: str, p: int, s: Setup) -> Cost:
+    """The constants of one (algorithm, protocol): tuning.cc latency and bandwidth, enqueue.cc channels."""
+    if algo == "p2p":
+        kind = s.intra if s.nodes == 1 else "net"
+        share = 1.0 if op == "sendrecv" else (s.P - 1) / s.P
+        cost = Cost(lat=BASE_LAT["ring"][p] + _hop(s, kind, "ring", p), bw=s.peer_bw * (0.5 if p == 0 else 1.0),
+                    share=share)
+        if p == 0:  # LL up to NCCL_P2P_LL_THRESHOLD bytes per peer
+            limit = P2P_LL_THRESHOLD * (1 if op == "sendrecv" else s.P)
+            cost = replace(cost, ll_limit=limit, simple=compile_cost(op, "p2p", 2, s))
+        return cost
     bw = algorithm_bandwidth(op, algo, p, s)
+    cost = Cost(lat=latency(op, algo, p, s), bw=bw)
     if algo in ("ring", "tree"):
         ratio = bw / bus_bandwidth(op, algo, p, s)
-        limited = ratio * _per_channel(op, algo, p, s) * _active_channels(n, algo, p, s)
-        bw = mathx.minimum(bw, mathx.maximum(limited, 1e-30))
+        cost = replace(cost, per_channel=ratio * _per_channel(op, algo, p, s), unit=_unit(algo, p, s),
+                       channels=s.channels)
     if algo == "tree" and op == "allreduce":
-        bw = bw * _tree_correction(n, p)
-    lat = latency(op, algo, p, s)
+        cost = replace(cost, tree=p)
     if algo == "ring" and p == 2 and s.nodes > 1 and op == "allreduce":
         # plateau effect of multi-node rings once a channel carries >= 64 B per rank
-        lat = mathx.where(n / (s.channels * s.P) >= 64, lat * (1.4 if s.arch >= 1 else 1.9), lat)
-    return lat + n / (1000.0 * bw)
+        cost = replace(cost, plateau=1.4 if s.arch >= 1 else 1.9, plateau_at=64.0 * s.channels * s.P)
+    return cost
 
 
-def p2p_time_us(op: str, p: int, n: Any, s: Setup) -> Any:
-    """All-to-all, gather, scatter (P-1 concurrent sends of n/P) and send/recv (one message of n) on NCCL's
-    point-to-point path: Ring base + hop latency of the outermost link, the peers' mean bandwidth (LL halves it)."""
-    kind = s.intra if s.nodes == 1 else "net"
-    lat = BASE_LAT["ring"][p] + _hop(s, kind, "ring", p)
-    bw = s.peer_bw * (0.5 if p == 0 else 1.0)
-    share = 1.0 if op == "sendrecv" else (s.P - 1) / s.P
-    return lat + share * n / (1000.0 * bw)
+def _bandwidth(c: Cost, n: Any) -> Any:
+    """GB/s a message of n bytes gets, as float, numpy array or sympy expression."""
+    if isinstance(n, float | int):
+        bw = min(c.bw, c.per_channel * min(c.channels, n / c.unit)) if c.per_channel else c.bw
+        if c.tree >= 0:
+            x = math.log2(max(n, 64.0) / 64.0)
+            i = int(x)
+            points = _TREE_POINTS[c.tree]
+            bw *= 1.0 if i >= 23 else points[i] + (points[i + 1] - points[i]) * (x - i)
+        return max(bw, 1e-30)
+    if isinstance(n, np.ndarray):
+        bw = np.minimum(c.bw, c.per_channel * np.minimum(c.channels, n / c.unit)) if c.per_channel else c.bw
+        if c.tree >= 0:
+            bw = bw * np.interp(np.log2(np.maximum(n, 64.0) / 64.0), np.arange(24.0), _TREE_POINTS[c.tree])
+        return np.maximum(bw, 1e-30)
+    bw = mathx.minimum(c.bw, c.per_channel * mathx.minimum(c.channels, n / c.unit)) if c.per_channel else c.bw
+    if c.tree >= 0:
+        points, x = _TREE_POINTS[c.tree], mathx.log2(mathx.maximum(n, 64.0) / 64.0)
+        out = points[0]
+        for i in range(23):
+            if points[i + 1] != points[i]:
+                out = out + (points[i + 1] - points[i]) * mathx.minimum(mathx.maximum(x - i, 0.0), 1.0)
+        bw = bw * out
+    return bw
+
+
+def cost_time(c: Cost, n: Any) -> Any:
+    """Seconds of a compiled cost for n bytes (float, numpy array or sympy expression)."""
+    lat = c.lat if c.plateau == 1.0 else mathx.where(n >= c.plateau_at, c.lat * c.plateau, c.lat)
+    t = (lat + c.share * n / (1000.0 * _bandwidth(c, n))) * 1e-6
+    if c.simple is not None:
+        t = mathx.where(n <= c.ll_limit, t, mathx.maximum(t, cost_time(c.simple, n)))
+    return t
+
+
+@lru_cache(maxsize=4096)
+def compiled(op: str, s: Setup) -> tuple[tuple[str, int, Cost], ...]:
+    """(algorithm, protocol, cost) of every candidate NCCL considers for op on this communicator."""
+    return tuple((a, p, compile_cost(op, a, p, s)) for a, p in candidates(op, s))
+
+
+def time_us(op: str, algo: str, p: int, n: Any, s: Setup) -> Any:
+    """Predicted time (us) of one (algorithm, protocol) for n bytes."""
+    return cost_time(compile_cost(op, algo, p, s), n) * 1e6
 
 
 # ------------------------------------------------------------------------------------------ candidates
@@ -309,18 +379,13 @@ def label(algo: str, p: int) -> str:
 
 
 def pair_time(op: str, algo: str, p: int, n: Any, s: Setup) -> Any:
-    """Seconds of one (algorithm, protocol); point-to-point ops use their own path. LL on point-to-point only
-    applies up to NCCL_P2P_LL_THRESHOLD bytes per peer (beyond it the pair costs what Simple costs)."""
+    """Seconds of one (algorithm, protocol) for n bytes."""
     if s.P == 1:
         return n * 0
-    if algo == "p2p":
-        t = p2p_time_us(op, p, n, s)
-        if p == 0:
-            per_peer = n if op == "sendrecv" else n / s.P
-            simple = p2p_time_us(op, 2, n, s)
-            t = mathx.where(per_peer <= P2P_LL_THRESHOLD, t, mathx.maximum(t, simple))
-        return t * 1e-6
-    return time_us(op, algo, p, n, s) * 1e-6
+    for a, q, cost in compiled(op, s):
+        if (a, q) == (algo, p):
+            return cost_time(cost, n)
+    return cost_time(compile_cost(op, algo, p, s), n)
 
 
 def parse(op: str, text: str, s: Setup) -> list[tuple[str, int]]:
@@ -343,7 +408,13 @@ def parse(op: str, text: str, s: Setup) -> list[tuple[str, int]]:
 
 def nccl_time(op: str, n: Any, s: Setup, which: str = "nccl") -> Any:
     """Minimum over the (algorithm, protocol) pairs `which` names (NCCL's tuner), elementwise for arrays."""
-    return mathx.minimum(*(pair_time(op, a, p, n, s) for a, p in parse(op, which, s)))
+    if s.P == 1:
+        return n * 0
+    costs = [c for _, _, c in compiled(op, s)] if which == "nccl" else \
+        [compile_cost(op, a, p, s) for a, p in parse(op, which, s)]
+    if isinstance(n, float | int):
+        return min(cost_time(c, n) for c in costs)
+    return mathx.minimum(*(cost_time(c, n) for c in costs))
 
 
 def nccl_choice(op: str, n: float, s: Setup, which: str = "nccl") -> str:
@@ -356,7 +427,7 @@ def nccl_choice(op: str, n: float, s: Setup, which: str = "nccl") -> str:
 
 def nccl_times(op: str, n: Any, s: Setup) -> dict[str, Any]:
     """Every candidate pair's time, by label."""
-    return {label(a, p): pair_time(op, a, p, n, s) for a, p in candidates(op, s)}
+    return {label(a, p): cost_time(c, n) for a, p, c in compiled(op, s)}
 
 
 def is_nccl(algorithm: str) -> bool:
