@@ -8,6 +8,7 @@ import click
 
 from dlperf.comm import CommError, Group, collective_report, normalize_op
 from dlperf.comm.engine import auto_set
+from dlperf.comm.nccl import is_nccl
 from dlperf.errors import DlperfError
 from dlperf.report import FORMATS, render, to_json
 from dlperf.spec.hardware import load_hardware
@@ -106,5 +107,6 @@ def comm(op: str, size: str, sizes: str | None, gpus: int, hardware: str, algori
         return
     click.echo(render(_algorithm_rows(report), fmt, title=_title(report, gpus, stride)))
     if fmt == "table":
-        chosen_by = f" (fastest of {algorithm})" if auto_set(algorithm) else " (forced)"
+        forced = not auto_set(algorithm) and not (is_nccl(algorithm) and "/" not in algorithm)
+        chosen_by = " (forced)" if forced else f" (fastest of {algorithm})"
         click.echo(f"chosen: {report.chosen}{chosen_by}")

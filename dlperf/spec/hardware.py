@@ -10,7 +10,9 @@ Minimal form (accepted as it stands):
       - {name: infiniband-hdr, bandwidth: 200 Gb/s, latency: 5 us}   # outermost: no size
 
 `size` of a level is the number of devices in one domain of that level (8 GPUs per NVSwitch node); the
-outermost level has no size (it spans the whole cluster).
+outermost level has no size (it spans the whole cluster). Optional level keys: `efficiency` (achieved fraction of
+`bandwidth`), `links_per_domain` (NICs shared by one inner domain), `link` (nvlink | pci | net: NCCL's latency
+class, derived when absent, see link_kind) and `nvls_bandwidth` (measured NVLink SHARP all-reduce busbw).
 """
 
 from __future__ import annotations
