@@ -68,6 +68,11 @@ def test_multi_node_ring_counts_network_steps_and_net_overhead() -> None:
     # with one GPU per node NCCL takes the Tree network latency for the ring's hops
     one = setup("dgx-a100", 4, stride=8)
     assert one.ppn == 1 and N.latency("allgather", "ring", 0, one) == pytest.approx(6.6 + 3 * 5.0)
+    # PAT (one GPU per node, allgather/reduce-scatter): base 8 + log2(nodes) x netLat / 3.5 + 2.8 us per rank,
+    # 0.75 of the ring's busBw taken as the algorithm bandwidth
+    assert ("pat", 2) in N.candidates("allgather", one) and ("pat", 2) not in N.candidates("allgather", s)
+    assert N.latency("allgather", "pat", 2, one) == pytest.approx(8.0 + 2 * 14.0 / 3.5 + 4 * 2.8)
+    assert N.algorithm_bandwidth("allgather", "pat", 2, one) == pytest.approx(0.75 * one.ring_bw)
 
 
 def test_auto_is_nccls_choice_small_latency_bound_large_ring_simple() -> None:

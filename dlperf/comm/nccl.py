@@ -48,7 +48,6 @@ from dlperf.comm.topology import RAILS, Placed
 from dlperf.spec.hardware import Hardware, link_kind
 
 PROTOCOLS = ("LL", "LL128", "Simple")
-ALGOS = ("ring", "tree", "nvls", "pat", "p2p")
 
 # tuning.cc baseLatencies (us), [algorithm][LL, LL128, Simple]
 BASE_LAT = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0), "pat": (8.0, 8.0, 8.0)}
@@ -78,9 +77,6 @@ MAX_CHANNELS = 32  # NCCL MAXCHANNELS
 CHANNEL_BW = {"nvlink": (20.0, 20.0, 20.6, 40.1), "pci": (12.0, 12.0, 12.0, 12.0)}
 NET_OVERHEAD = 1.0  # us, getNetOverhead() for Intel x86 hosts (x3 for Simple)
 P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD default: point-to-point messages up to 16 KiB use LL
-
-# op -> NCCL function class
-NSTEPS = {"allreduce": "2(P-1)", "reduce_scatter": "P-1", "allgather": "P-1", "broadcast": "P", "reduce": "P"}
 
 
 def arch_index(device_name: str) -> int:
@@ -228,11 +224,13 @@ def bus_bandwidth(op: str, algo: str, p: int, s: Setup) -> float:
 
 
 def algorithm_bandwidth(op: str, algo: str, p: int, s: Setup) -> float:
-    """busBw -> algBw as tuning.cc converts it (ring and NVLS x nRanks/nSteps, tree x 1/2)."""
+    """busBw -> algBw as tuning.cc converts it: ring and NVLS x nRanks/nSteps, tree x 1/2; PAT (allgather and
+    reduce-scatter only) is not converted. The size it divides is nccl-tests' (and NCCL's tuner's) size: the
+    whole buffer for allgather and reduce-scatter (enqueue.h ncclFuncMaxSendRecvCount)."""
     bus = bus_bandwidth(op, algo, p, s)
-    if algo in ("ring", "nvls", "pat"):
-        if algo == "pat":
-            return bus * s.P / (s.P - 1)
+    if algo == "pat":
+        return bus
+    if algo in ("ring", "nvls"):
         return bus * s.P / _nsteps(op, s.P)
     return bus * 0.5
 
