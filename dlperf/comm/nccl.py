@@ -45,7 +45,7 @@ import numpy as np
 from dlperf import mathx
 from dlperf.comm.collectives import CommError
 from dlperf.comm.topology import RAILS, Placed
-from dlperf.spec.hardware import Hardware, link_kind
+from dlperf.spec.hardware import DEFAULT_CHANNELS, Hardware, link_kind
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 
@@ -149,10 +149,19 @@ def _make_setup(placed: Placed, hw: Hardware) -> Setup:
         lat_scale_intra=_ratio(levels[0].latency, intra),
         lat_scale_net=_ratio(levels[outer].latency, "net") if outer > 0 else 1.0,
         ring_bw=ring_bw, tree_bw=1e-9 / tree_beta,
-        channels=min(float(MAX_CHANNELS), max(1.0, ring_bw / speed)),
+        channels=_channels(placed, ring_bw / speed),
         nvls_bw=None if nvls is None else nvls * 1e-9, ll128=has_ll128(hw.device.name),
         peer_bw=1e-9 / peer.beta,
     )
+
+
+def _channels(placed: Placed, derived: float) -> float:
+    """NCCL's channel count for this communicator: what the hardware file says for the outermost level the group
+    spans (a level's `channels`, sourced from NCCL logs), else the Simple busBw over the bandwidth NCCL's search
+    gives one channel (topo.h), within 1..MAXCHANNELS."""
+    spanned = placed.placement.spanned or (0,)
+    given = [placed.levels[j].channels for j in reversed(spanned) if placed.levels[j].channels != DEFAULT_CHANNELS]
+    return float(given[0]) if given else min(float(MAX_CHANNELS), max(1.0, derived))
 
 
 # ------------------------------------------------------------------------------------------ latencies
