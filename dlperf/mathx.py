@@ -76,7 +76,11 @@ def divisors(n: int) -> list[int]:
 
 
 def where(cond: Any, a: Any, b: Any) -> Any:
-    """cond ? a : b elementwise for arrays, plain branch for scalars."""
+    """cond ? a : b elementwise for arrays, a Piecewise for sympy, plain branch for scalars."""
     if _is_array(cond) or _is_array(a) or _is_array(b):
         return _np().where(cond, a, b)
+    if _is_sympy(cond, a, b):
+        import sympy
+
+        return sympy.Piecewise((a, cond), (b, True))
     return a if cond else b

@@ -85,4 +85,16 @@ def test_stride_places_one_rank_per_node(capsys) -> None:
     code, out, _ = run(capsys, "allreduce", "--gpus", "4", "--stride", "8", "--format", "json")
     assert code == 0 and json.loads(out)["levels"] == ["infiniband-hdr"]
     code, out, _ = run(capsys, "allreduce", "--gpus", "16", "--algorithm", "auto:nccl", "--format", "json")
-    assert code == 0 and json.loads(out)["chosen"] in ("ring", "double_tree")
+    assert code == 0 and json.loads(out)["chosen"] in ("nccl:ring/Simple", "nccl:tree/Simple")
+    code, out, _ = run(capsys, "allreduce", "--gpus", "16", "--algorithm", "auto:textbook", "--format", "json")
+    assert code == 0 and not json.loads(out)["chosen"].startswith("nccl:")
+
+
+def test_nccl_algorithm_and_protocol_in_the_output(capsys) -> None:
+    code, out, _ = run(capsys, "allreduce", "--sizes", "8B..1GiB", "--gpus", "8", "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and rows[0]["algorithm"] == "nccl:tree/LL" and rows[-1]["algorithm"] == "nccl:ring/Simple"
+    code, out, _ = run(capsys, "allreduce", "--size", "64MiB", "--algorithm", "nccl:ring")
+    assert code == 0 and "chosen: nccl:ring/Simple (fastest of nccl:ring)" in out
+    code, _, err = run(capsys, "allreduce", "--algorithm", "nccl:ring/LL64")
+    assert code == 2 and err.strip() == "Error: unknown NCCL protocol 'LL64'; expected LL, LL128 or Simple"

@@ -19,8 +19,8 @@ from dlperf.spec.hardware import load_hardware
 GiB = 2.0**30
 
 
-def busbw(hw, gpus: int, size: float = 8 * GiB, algorithm: str = "auto:nccl") -> float:
-    """nccl-tests measure NCCL, so the prediction picks among NCCL's algorithms (ring, double tree)."""
+def busbw(hw, gpus: int, size: float = 8 * GiB, algorithm: str = "auto") -> float:
+    """nccl-tests measure NCCL, so the prediction is NCCL's tuner choice (dlperf.comm.nccl)."""
     return collective_report("allreduce", size, Group(gpus), hw, algorithm).busbw / 1e9
 
 
@@ -38,7 +38,9 @@ PUBLISHED = [
     ("DGX A100, 2 nodes", lambda: load_hardware("dgx-a100"), 16, 8 * GiB, 192.0, 0.03,
      "NVIDIA/nccl#812 (AddyLaddy: 8x200 Gb/s IB, 192 GB/s)"),
     ("DGX A100, 8 nodes", lambda: load_hardware("dgx-a100"), 64, 8 * GiB, 192.0, 0.03, "NVIDIA/nccl#812"),
-    ("DGX A100, 32 nodes", lambda: load_hardware("dgx-a100"), 256, 8 * GiB, 192.0, 0.03, "NVIDIA/nccl#812"),
+    # 0.04: NCCL's model charges the 510-step ring its per-step latency once (62 network steps at 14 us, 448 NVLink
+    # steps at 3.4 us, x1.4 plateau: 3.4 ms), 3.6% of 8 GiB at 192 GB/s; #812 does not state its node count.
+    ("DGX A100, 32 nodes", lambda: load_hardware("dgx-a100"), 256, 8 * GiB, 192.0, 0.04, "NVIDIA/nccl#812"),
     ("HGX A100, 4x HDR NICs, 2 nodes", lambda: with_nics(load_hardware("dgx-a100"), 4), 16, 8 * GiB, 91.0, 0.08,
      "NVIDIA/nccl-tests#100 (1G-8G sweep)"),
     ("A100, 4x HDR NICs, 2 nodes", lambda: with_nics(load_hardware("dgx-a100"), 4), 16, 4 * GiB, 86.0, 0.15,
@@ -57,16 +59,17 @@ def test_allreduce_busbw_near_published(label, build, gpus, size, published, tol
     assert predicted == pytest.approx(published, rel=tolerance), f"{label}: {predicted:.1f} vs {published} ({source})"
 
 
-def test_full_auto_agrees_on_full_rails_and_beats_nccl_on_two_nic_starved_nodes() -> None:
-    """With a NIC per GPU, no algorithm beats NCCL's ring across nodes; with 4 NICs for 8 GPUs on 2 nodes the
-    hierarchical reduce-scatter/allreduce/allgather (which NCCL does not run) sends half the inter-node
-    bytes and wins: the model's `auto` then predicts more than nccl-tests can show."""
+def test_textbook_auto_agrees_on_full_rails_and_beats_nccl_on_two_nic_starved_nodes() -> None:
+    """With a NIC per GPU, no textbook algorithm beats NCCL's ring across nodes by more than NCCL's per-step
+    latency (<= 4% at 8 GiB, 256 GPUs); with 4 NICs for 8 GPUs on 2 nodes the hierarchical reduce-scatter/
+    allreduce/allgather (which NCCL does not run) sends half the inter-node bytes and wins: `auto:textbook` then
+    predicts more than nccl-tests can show, which is why `auto` is NCCL's choice."""
     a100 = load_hardware("dgx-a100")
     for gpus in (8, 16, 64, 256):
-        assert busbw(a100, gpus, algorithm="auto") == pytest.approx(busbw(a100, gpus), rel=0.005)
+        assert busbw(a100, gpus, algorithm="auto:textbook") == pytest.approx(busbw(a100, gpus), rel=0.04)
     starved = with_nics(a100, 4)
-    assert busbw(starved, 16, algorithm="auto") > 1.05 * busbw(starved, 16)
-    assert busbw(starved, 16, algorithm="hierarchical") == pytest.approx(busbw(starved, 16, algorithm="auto"))
+    assert busbw(starved, 16, algorithm="auto:textbook") > 1.05 * busbw(starved, 16)
+    assert busbw(starved, 16, algorithm="hierarchical") == pytest.approx(busbw(starved, 16, algorithm="auto:textbook"))
 
 
 def test_bus_bandwidth_rises_to_its_plateau() -> None:

@@ -154,23 +154,34 @@ def test_per_level_efficiency_scales_bandwidth_only() -> None:
 
 
 def test_auto_is_the_minimum_and_names_the_winner() -> None:
+    """`auto` is the fastest of NCCL's (algorithm, protocol) pairs, `auto:textbook` the fastest textbook one."""
     for P, stride in ((8, 1), (16, 1), (64, 1), (32, 8), (6, 2)):
         for n in (8.0, 4096.0, 2.0**20, 2.0**33):
             times = algorithm_times("allreduce", n, Group(P, stride), HW)
             best = best_algorithm("allreduce", n, Group(P, stride), HW)
+            assert best.startswith("nccl:")
             assert collective_time("allreduce", n, Group(P, stride), HW) == times[best]
-            assert times[best] == min(t for k, t in times.items() if k != "ps")
+            assert times[best] == min(t for k, t in times.items() if k.startswith("nccl:"))
+            text = best_algorithm("allreduce", n, Group(P, stride), HW, "auto:textbook")
+            assert collective_time("allreduce", n, Group(P, stride), HW, "auto:textbook") == times[text]
+            assert times[text] == min(t for k, t in times.items() if k != "ps" and not k.startswith("nccl:"))
 
 
 def test_small_messages_choose_log_latency_large_choose_bandwidth_optimal() -> None:
     group = Group(64, 8)  # one level: 64 nodes
-    assert best_algorithm("allreduce", 8.0, group, HW) == "recursive_doubling"
-    assert best_algorithm("allreduce", 2.0**33, group, HW) in ("ring", "rabenseifner")
-    t = collective_time("allreduce", 2.0**33, group, HW)
+    textbook = "auto:textbook"
+    assert best_algorithm("allreduce", 8.0, group, HW, textbook) == "recursive_doubling"
+    assert best_algorithm("allreduce", 2.0**33, group, HW, textbook) in ("ring", "rabenseifner")
+    t = collective_time("allreduce", 2.0**33, group, HW, textbook)
     assert 2 * 63 / 64 * 2.0**33 / t == pytest.approx(1 / B1, rel=0.01)  # busbw = link bandwidth
-    assert best_algorithm("broadcast", 8.0, group, HW) == "binomial"
-    assert best_algorithm("broadcast", 2.0**33, group, HW) == "pipeline"
-    assert best_algorithm("allgather", 8.0, group, HW) == "recursive_doubling"
+    assert best_algorithm("broadcast", 8.0, group, HW, textbook) == "binomial"
+    assert best_algorithm("broadcast", 2.0**33, group, HW, textbook) == "pipeline"
+    assert best_algorithm("allgather", 8.0, group, HW, textbook) == "recursive_doubling"
+    # NCCL: low-latency protocols for small messages, the Simple ring at the link bandwidth for large ones
+    assert best_algorithm("allreduce", 8.0, group, HW).endswith("/LL")
+    assert best_algorithm("allreduce", 2.0**33, group, HW) == "nccl:ring/Simple"
+    t = collective_time("allreduce", 2.0**33, group, HW)
+    assert 2 * 63 / 64 * 2.0**33 / t == pytest.approx(1 / B1, rel=0.01)
 
 
 def test_vectorized_matches_scalar_and_sympy_matches_float() -> None:
@@ -188,9 +199,10 @@ def test_vectorized_matches_scalar_and_sympy_matches_float() -> None:
 
 
 def test_p2p_time() -> None:
-    assert p2p_time(1e6, HW, 0) == pytest.approx(A0 + 1e6 * B0)
-    assert p2p_time(1e6, HW, 1) == pytest.approx(A1 + 1e6 * B1)
-    assert p2p_time(1e6, cluster(links=2), 1, concurrent=8) == pytest.approx(A1 + 4e6 * B1)
+    # NCCL send/recv with the Simple protocol: Ring base latency 8.4 us + the level's hop latency + n beta
+    assert p2p_time(1e6, HW, 0) == pytest.approx(8.4e-6 + A0 + 1e6 * B0)
+    assert p2p_time(1e6, HW, 1) == pytest.approx(8.4e-6 + A1 + 1e6 * B1)
+    assert p2p_time(1e6, cluster(links=2), 1, concurrent=8) == pytest.approx(8.4e-6 + A1 + 4e6 * B1)
     with pytest.raises(CommError, match="level index 0..1"):
         p2p_time(1e6, HW, 2)
 

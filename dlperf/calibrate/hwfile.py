@@ -180,6 +180,10 @@ def level_dict(level: NetworkLevel, source: str) -> dict[str, Any]:
         out["efficiency"] = level.efficiency
     if level.links_per_domain is not None:
         out["links_per_domain"] = level.links_per_domain
+    if level.link is not None:
+        out["link"] = level.link
+    if level.nvls_bandwidth is not None:
+        out["nvls_bandwidth"] = _q(level.nvls_bandwidth, "bandwidth")
     out["source"] = source
     return out
 

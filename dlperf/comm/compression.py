@@ -214,10 +214,11 @@ def compressed_allreduce_time(n_elements: Any, bytes_per_element: float, scheme:
                               group: Group, hw: Hardware, algorithm: str = AUTO) -> tuple[Any, CompressionDetail]:
     """Allreduce of m = n_elements gradients of gamma = bytes_per_element bytes under `scheme`:
     (communication + compression compute time, detail). `algorithm` names the dense collective for
-    quantizers, or one of allgather / recursive_doubling / rs_ag for top-k (auto = the fastest)."""
+    quantizers (and the dense baseline: `auto` is NCCL's choice, `auto:textbook` the textbook minimum), or one of
+    allgather / recursive_doubling / rs_ag for top-k (auto = the fastest; the dense baseline is then NCCL's)."""
     scheme = parse_compression(scheme)
     m, gamma = n_elements, float(bytes_per_element)
-    dense = collective_time("allreduce", m * gamma, group, hw)
+    dense = collective_time("allreduce", m * gamma, group, hw, AUTO if scheme.sparse else algorithm)
     if scheme.sparse:
         times = sparse_allreduce_times(m, gamma, scheme.density, group, hw)
         comm, chosen = _pick(times, algorithm)
@@ -233,7 +234,7 @@ def compressed_allreduce_time(n_elements: Any, bytes_per_element: float, scheme:
 
 
 def _pick(times: dict[str, Any], algorithm: str) -> tuple[Any, str]:
-    if str(algorithm).lower() == AUTO:
+    if str(algorithm).lower().split(":")[0] == AUTO:
         values = list(times.values())
         if all(isinstance(v, (int, float)) for v in values):
             name = min(times, key=times.__getitem__)

@@ -1,6 +1,10 @@
-"""Placement-aware entry points: the time of a collective for a group on a hardware, the fastest algorithm
-(what NCCL's tuner does: latency-bound small messages, bandwidth-bound large ones) and the nccl-tests style
-report (algorithm bandwidth = size / time, bus bandwidth = algbw * bus factor)."""
+"""Placement-aware entry points: the time of a collective for a group on a hardware, the algorithm `auto` picks
+and the nccl-tests style report (algorithm bandwidth = size / time, bus bandwidth = algbw * bus factor).
+
+`auto` (and `auto:nccl`) is what NCCL's tuner picks among what NCCL implements (dlperf.comm.nccl: ring, tree,
+NVLS, PAT, point-to-point x LL, LL128, Simple, costed with NCCL's tuning.cc model). `auto:textbook` is the
+fastest of the textbook alpha-beta algorithms (recursive doubling, Rabenseifner, hierarchical, ...), which stay
+selectable by name; `nccl:ring`, `nccl:tree/LL128`, ... force one NCCL algorithm and/or protocol."""
 
 from __future__ import annotations
 
@@ -9,29 +13,23 @@ from typing import Any
 
 from dlperf import mathx
 from dlperf.comm import collectives as C
+from dlperf.comm import nccl as N
 from dlperf.comm.hierarchical import CATALOGUE, Algorithm
 from dlperf.comm.topology import Group, Placed, level_link, place_group
-from dlperf.spec.hardware import Hardware
+from dlperf.spec.hardware import Hardware, link_kind
 from dlperf.spec.yamlio import closest
 
 AUTO = "auto"
-# Candidate sets for `auto:SET`. NCCL 2.x (without NVLS/CollNet) runs allreduce as ring or double binary tree,
-# broadcast/reduce/allgather/reduce-scatter on rings, and all-to-all, gather, scatter as grouped send/recv
-# (NCCL documentation, "Collective operations"; Jeaugey 2019 for the tree).
-CANDIDATE_SETS = {
-    "nccl": {
-        "allreduce": ("ring", "double_tree"), "reduce_scatter": ("ring",), "allgather": ("ring",),
-        "broadcast": ("pipeline",), "reduce": ("pipeline",), "alltoall": ("pairwise",), "gather": ("linear",),
-        "scatter": ("linear",), "sendrecv": ("direct",),
-    },
-}
+# Candidate sets for `auto:SET`: `nccl` is NCCL's own tuner (the default), `textbook` the fastest of the
+# alpha-beta algorithms of collectives.py/hierarchical.py.
+CANDIDATE_SETS = {"nccl": None, "textbook": None}
 
 
 def auto_set(algorithm: str) -> str | None:
-    """'auto' -> 'all', 'auto:nccl' -> 'nccl', anything else (a forced algorithm) -> None."""
+    """'auto' and 'auto:nccl' -> 'nccl', 'auto:textbook' -> 'textbook', anything else (forced) -> None."""
     text = str(algorithm).strip().lower()
     if text == AUTO:
-        return "all"
+        return "nccl"
     if text.startswith(AUTO + ":"):
         name = text.split(":", 1)[1]
         if name not in CANDIDATE_SETS:
@@ -86,11 +84,9 @@ def _time(op: str, name: str, n: Any, placed: Placed, param: int = 1) -> Any:
     return alg.placed(n, placed, **extra)
 
 
-def candidates(op: str, placed: Placed, which: str = "all") -> list[str]:
-    """Algorithms `auto` chooses among: all but the parameter server, and the explicit hierarchical
-    compositions only when the group spans more than one level; `which` names a smaller set (nccl)."""
-    if which != "all":
-        return list(CANDIDATE_SETS[which][op])
+def candidates(op: str, placed: Placed, which: str = "textbook") -> list[str]:
+    """Textbook algorithms `auto:textbook` chooses among: all but the parameter server, and the explicit
+    hierarchical compositions only when the group spans more than one level."""
     multi = len(placed.placement.spanned) > 1
     return [name for name, alg in CATALOGUE[op].items() if alg.auto and (multi or not alg.multi_level_only)]
 
@@ -102,28 +98,40 @@ def _setup(op: str, group: Group | int, hw: Hardware) -> tuple[str, Placed]:
 
 
 def algorithm_times(op: str, nbytes: Any, group: Group | int, hw: Hardware) -> dict[str, Any]:
-    """Time of every applicable algorithm (the `auto` candidates, plus the central parameter server)."""
+    """Time of every applicable algorithm: NCCL's (algorithm, protocol) pairs ('nccl:ring/LL', ...), then the
+    textbook ones (the `auto:textbook` candidates, plus the central parameter server)."""
     op, placed = _setup(op, group, hw)
+    times = N.nccl_times(op, nbytes, N.make_setup(placed, hw)) if placed.size > 1 else {}
     names = candidates(op, placed) + [n for n, a in CATALOGUE[op].items() if not a.auto]
-    return {name: _time(op, name, nbytes, placed) for name in names}
+    return times | {name: _time(op, name, nbytes, placed) for name in names}
 
 
 def collective_time(op: str, nbytes: Any, group: Group | int, hw: Hardware, algorithm: str = AUTO) -> Any:
-    """Time (s) of collective `op` on `nbytes` bytes (float, numpy array or sympy expression; the result is
-    the same kind) for `group` placed on `hw`. `auto` is the elementwise minimum over the candidates."""
+    """Time (s) of collective `op` on `nbytes` bytes (float or numpy array, and a sympy expression for the
+    textbook algorithms; the result is the same kind) for `group` placed on `hw`. `auto` is NCCL's choice
+    (the elementwise minimum over NCCL's algorithm x protocol pairs), `auto:textbook` the textbook minimum."""
     op, placed = _setup(op, group, hw)
     which = auto_set(algorithm)
+    if placed.size == 1:
+        return nbytes * 0
+    if which == "nccl" or (which is None and N.is_nccl(algorithm)):
+        return N.nccl_time(op, nbytes, N.make_setup(placed, hw), "nccl" if which else str(algorithm).strip())
     if which is not None:
-        return mathx.minimum(*(_time(op, name, nbytes, placed) for name in candidates(op, placed, which)))
+        return mathx.minimum(*(_time(op, name, nbytes, placed) for name in candidates(op, placed)))
     name, param = resolve_algorithm(op, algorithm)
     return _time(op, name, nbytes, placed, param)
 
 
 def best_algorithm(op: str, nbytes: float, group: Group | int, hw: Hardware, algorithm: str = AUTO) -> str:
-    """Name of the fastest candidate (of `auto` or `auto:SET`) for a float size; ties go to the first listed."""
+    """Name of the pick of `auto` ('nccl:ring/LL128', ...) or `auto:textbook` for a float size; ties go to the
+    first listed."""
     op, placed = _setup(op, group, hw)
-    which = auto_set(algorithm) or "all"
-    times = {name: float(_time(op, name, nbytes, placed)) for name in candidates(op, placed, which)}
+    which = auto_set(algorithm) or "nccl"
+    if which == "nccl":
+        if placed.size == 1:
+            return "none"
+        return N.nccl_choice(op, float(nbytes), N.make_setup(placed, hw))
+    times = {name: float(_time(op, name, nbytes, placed)) for name in candidates(op, placed)}
     return min(times, key=times.__getitem__)
 
 
@@ -176,9 +184,16 @@ def collective_report(op: str, nbytes: float, group: Group | int, hw: Hardware,
     nbytes = float(nbytes)
     times = {k: float(v) for k, v in algorithm_times(op, nbytes, placed.group, hw).items()}
     which = auto_set(algorithm)
-    auto = tuple(candidates(op, placed, which or "all"))
-    if which is not None:
+    nccl_names = tuple(k for k in times if N.is_nccl(k))
+    auto = nccl_names if which in ("nccl", None) else tuple(candidates(op, placed))
+    if which is not None and placed.size == 1:
+        chosen, time = "none", 0.0
+    elif which is not None:
         chosen = min(auto, key=times.__getitem__)
+        time = times[chosen]
+    elif N.is_nccl(algorithm):
+        chosen = best_algorithm(op, nbytes, placed.group, hw) if str(algorithm).strip().lower() == "nccl" else \
+            N.nccl_choice(op, nbytes, N.make_setup(placed, hw), str(algorithm).strip())
         time = times[chosen]
     else:
         chosen, param = resolve_algorithm(op, algorithm)
@@ -200,12 +215,14 @@ def collective_report(op: str, nbytes: float, group: Group | int, hw: Hardware,
 
 def p2p_time(nbytes: Any, hw: Hardware, crosses_level: int, concurrent: int = 1) -> Any:
     """Point-to-point message between pipeline stages whose devices first share a level-`crosses_level`
-    domain (0: same node): T = alpha_j + n*beta_j, with `concurrent` devices of one inner domain sending
-    over level j at once (contention through links_per_domain)."""
+    domain (0: same node), as NCCL sends it (dlperf.comm.nccl.sendrecv_time: LL up to 16 KiB, else Simple), over
+    level j's link with `concurrent` devices of one inner domain sending at once (contention through
+    links_per_domain)."""
     if isinstance(crosses_level, bool) or not isinstance(crosses_level, int) or \
             not 0 <= crosses_level < len(hw.network):
         raise C.CommError("crosses_level", expected=f"a level index 0..{len(hw.network) - 1}", found=crosses_level)
     if isinstance(concurrent, bool) or not isinstance(concurrent, int) or concurrent < 1:
         raise C.CommError("concurrent", expected="a positive integer", found=concurrent)
     link = level_link(hw.network[crosses_level], concurrent if crosses_level > 0 else 1)
-    return C.sendrecv(nbytes, 2, link.alpha, link.beta)
+    kind = link_kind(hw.network[crosses_level], crosses_level)
+    return N.sendrecv_time(nbytes, link.alpha, link.beta, kind)

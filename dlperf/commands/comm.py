@@ -8,6 +8,7 @@ import click
 
 from dlperf.comm import CommError, Group, collective_report, normalize_op
 from dlperf.comm.engine import auto_set
+from dlperf.comm.nccl import is_nccl
 from dlperf.errors import DlperfError
 from dlperf.report import FORMATS, render, to_json
 from dlperf.spec.hardware import load_hardware
@@ -75,8 +76,9 @@ def _title(report: Any, gpus: int, stride: int) -> str:
 @click.option("--gpus", type=int, default=8, show_default=True, help="Number of ranks in the group.")
 @click.option("--hardware", default="dgx-a100", show_default=True, help="Built-in hardware name or YAML path.")
 @click.option("--algorithm", default="auto", show_default=True,
-              help="auto (fastest of all), auto:nccl (fastest of NCCL's), or force one: ring, tree, double_tree, "
-                   "recursive_doubling, rabenseifner, hierarchical, leaders, ps:S, ...")
+              help="auto (NCCL's tuner: fastest of NCCL's algorithm x protocol pairs), auto:textbook (fastest "
+                   "textbook algorithm), nccl:ALGO[/PROTO] (nccl:ring, nccl:tree/LL128, nccl:nvls, ...), or a "
+                   "textbook one: ring, tree, double_tree, recursive_doubling, rabenseifner, hierarchical, ps:S, ...")
 @click.option("--stride", type=int, default=1, show_default=True,
               help="Distance between ranks in device order (8 = one rank per 8-GPU node).")
 @click.option("--concurrent", type=int, default=None,
@@ -86,7 +88,8 @@ def _title(report: Any, gpus: int, stride: int) -> str:
 def comm(op: str, size: str, sizes: str | None, gpus: int, hardware: str, algorithm: str, stride: int,
          concurrent: int | None, fmt: str) -> None:
     """Predict one collective OP (allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, gather,
-    scatter, sendrecv) in the alpha-beta model, as nccl-tests would report it."""
+    scatter, sendrecv) as NCCL runs it (algorithm/protocol chosen by NCCL's cost model), or a textbook
+    alpha-beta algorithm, as nccl-tests would report it."""
     op = normalize_op(op)
     for name, value in (("--gpus", gpus), ("--stride", stride), ("--concurrent", concurrent)):
         if value is not None and value < 1:
@@ -104,5 +107,6 @@ def comm(op: str, size: str, sizes: str | None, gpus: int, hardware: str, algori
         return
     click.echo(render(_algorithm_rows(report), fmt, title=_title(report, gpus, stride)))
     if fmt == "table":
-        chosen_by = f" (fastest of {algorithm})" if auto_set(algorithm) else " (forced)"
+        forced = not auto_set(algorithm) and not (is_nccl(algorithm) and "/" not in algorithm)
+        chosen_by = " (forced)" if forced else f" (fastest of {algorithm})"
         click.echo(f"chosen: {report.chosen}{chosen_by}")

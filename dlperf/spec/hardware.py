@@ -10,7 +10,9 @@ Minimal form (accepted as it stands):
       - {name: infiniband-hdr, bandwidth: 200 Gb/s, latency: 5 us}   # outermost: no size
 
 `size` of a level is the number of devices in one domain of that level (8 GPUs per NVSwitch node); the
-outermost level has no size (it spans the whole cluster).
+outermost level has no size (it spans the whole cluster). Optional level keys: `efficiency` (achieved fraction of
+`bandwidth`), `links_per_domain` (NICs shared by one inner domain), `link` (nvlink | pci | net: NCCL's latency
+class, derived when absent, see link_kind) and `nvls_bandwidth` (measured NVLink SHARP all-reduce busbw).
 """
 
 from __future__ import annotations
@@ -133,6 +135,24 @@ class NetworkLevel:
     # SMs an NCCL collective over this level occupies (one CTA per channel, never shared with compute kernels:
     # sjeaugey, NVIDIA/nccl#689); compute overlapped with it runs on the rest. Default: NCCL's minimum of 2.
     channels: int = DEFAULT_CHANNELS
+    # NCCL's link class for this level's per-hop latencies (tuning.cc hwLat: NVLINK, PCI, NET); None = derived
+    # by link_kind(): the innermost level is NVLink unless its name says PCIe, every outer level is NET.
+    link: str | None = None
+    # Measured NVLink SHARP (NCCL_ALGO=NVLS) all-reduce bus bandwidth inside one domain of this level, B/s;
+    # None = the switch has no NVLS (only H100/H200-class NVSwitch does).
+    nvls_bandwidth: float | None = None
+
+
+LINK_KINDS = ("nvlink", "pci", "net")
+
+
+def link_kind(level: NetworkLevel, index: int) -> str:
+    """NCCL's hardware class of a level (tuning.cc hwLatencies rows): as the file says, else derived."""
+    if level.link is not None:
+        return level.link
+    if index > 0:
+        return "net"
+    return "pci" if "pci" in level.name.lower() else "nvlink"
 
 
 @dataclass(frozen=True)
@@ -156,7 +176,8 @@ _DEVICE_KEYS = (
     "name", "peak_flops", "memory", "memory_bandwidth", "launch_latency", "efficiency", "source", "sms", "dispatch",
 )
 _DISPATCH_KEYS = ("forward", "backward", "source")
-_LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "source")
+_LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "link",
+               "nvls_bandwidth", "source")
 _EFF_KEYS = ("peak", "half", "startup", "source", "tile", "min_split_k", "dtypes")
 
 
@@ -285,6 +306,11 @@ def _network(node: Any, file: str) -> tuple[NetworkLevel, ...]:
         previous = size or previous
         eff = level.get("efficiency", 1.0)
         links = _positive_int(level, "links_per_domain", file, where) if "links_per_domain" in level else None
+        link = level.get("link")
+        if link is not None and link not in LINK_KINDS:
+            raise SpecError(expected="one of " + ", ".join(LINK_KINDS), found=link, file=file,
+                            line=line_of(level, "link"), field=field_name(where, "link"))
+        nvls = _quantity(level, "nvls_bandwidth", "bandwidth", file, where) if "nvls_bandwidth" in level else None
         levels.append(NetworkLevel(
             name=_text(level, "name", file, where),
             size=size,
@@ -293,6 +319,8 @@ def _network(node: Any, file: str) -> tuple[NetworkLevel, ...]:
             efficiency=_fraction(eff, file, line_of(level, "efficiency"), field_name(where, "efficiency")),
             links_per_domain=links,
             channels=_positive_int(level, "channels", file, where) if "channels" in level else DEFAULT_CHANNELS,
+            link=link,
+            nvls_bandwidth=nvls,
         ))
     return tuple(levels)
 

@@ -1,0 +1,194 @@
+"""NCCL's algorithms x protocols (dlperf.comm.nccl): tuning.cc constants by hand, the tuner's choice, published
+nccl-tests tables (dlperf/data/nccl_tests/), and the invariants any collective model must keep."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlperf.comm import CommError, Group, best_algorithm, collective_report, collective_time, p2p_time
+from dlperf.comm import nccl as N
+from dlperf.comm.topology import place_group
+from dlperf.errors import SpecError
+from dlperf.spec.hardware import hardware_from_dict, load_hardware
+from dlperf.spec.yamlio import load_yaml_file
+
+TABLES = sorted((Path(__file__).parents[1] / "dlperf" / "data" / "nccl_tests").glob("*.yaml"))
+
+# Mean |predicted / measured - 1| of time over every row of each published table, as the model achieves it
+# (a fact about the model, measured when the tables were added; not loosened to pass).
+MEAN_ERROR = {
+    "crusoe-2x8-a100-allreduce": 0.15,  # 2 nodes x 8 A100, 8 B .. 2 GiB: 14.2%
+    "gke-2x8-h200-allgather": 0.16,  # 2 nodes x 8 H200 (RoCE), all_gather 4 KiB .. 2 GiB: 15.6%
+    "nebius-2x8-h100-allreduce": 0.21,  # 2 nodes x 8 H100, 8 B .. 8 GiB: 20.8% (NVLS-Tree above 128 MiB unmodelled)
+    "oci-8x-a100-allreduce": 0.30,  # 1 node, 8 A100, 64 B .. 8 GiB: 29.4% (-40% below 4 MiB: NCCL's LL constants
+    # and the -g 8 single-process launch; within 10% from 64 MiB up)
+    "mlengineering-8x-h200-allreduce": 0.26,  # torch-timed, 32 KiB .. 16 GiB: 25.9% (torch launch cost included)
+}
+
+
+def setup(hw_name: str, gpus: int, stride: int = 1) -> N.Setup:
+    hw = load_hardware(hw_name)
+    return N.make_setup(place_group(Group(gpus, stride), hw), hw)
+
+
+# ------------------------------------------------------------------------------ tuning.cc by hand
+
+
+def test_single_node_a100_latencies_and_bandwidths_follow_tuning_cc() -> None:
+    s = setup("dgx-a100", 8)
+    assert (s.nodes, s.ppn, s.intra, s.arch) == (1, 8, "nvlink", 1)
+    # ring: baseLat + 2(P-1) NVLink hops; tree: baseLat + 2 (ppn-1) hops (tuning.cc, NVLINK rows)
+    assert N.latency("allreduce", "ring", 0, s) == pytest.approx(6.6 + 14 * 0.6)
+    assert N.latency("allreduce", "ring", 2, s) == pytest.approx(8.4 + 14 * 3.4)
+    assert N.latency("allreduce", "tree", 1, s) == pytest.approx(14.0 + 2 * 7 * 1.25)
+    assert N.latency("allgather", "ring", 2, s) == pytest.approx(8.4 + 7 * 3.4)
+    # busBw: Simple = level 300 GB/s x 0.77; LL = min(llMaxBw Ampere 1 node 87.7, busBw / 2)
+    assert N.bus_bandwidth("allreduce", "ring", 2, s) == pytest.approx(231.0)
+    assert N.bus_bandwidth("allreduce", "ring", 0, s) == pytest.approx(87.7)
+    assert N.bus_bandwidth("allreduce", "ring", 1, s) == pytest.approx(231.0 * 0.92)
+    assert N.bus_bandwidth("allreduce", "tree", 0, s) == pytest.approx(231.0 * 0.92 / 3.8)
+    # algBw: ring x P / 2(P-1), tree x 1/2
+    assert N.algorithm_bandwidth("allreduce", "ring", 2, s) == pytest.approx(231.0 * 8 / 14)
+    assert N.algorithm_bandwidth("allreduce", "tree", 2, s) == pytest.approx(231.0 * 0.92 / 2)
+
+
+def test_multi_node_ring_counts_network_steps_and_net_overhead() -> None:
+    s = setup("dgx-a100", 32)  # 4 nodes of 8
+    assert (s.nodes, s.ppn) == (4, 8)
+    # 2(P-1) = 62 steps of which 2(nNodes-1) = 6 cross the network; intra hops at least the 1 us net overhead
+    assert N.latency("allreduce", "ring", 0, s) == pytest.approx(6.6 + 56 * 1.0 + 6 * 2.7)
+    assert N.latency("allreduce", "ring", 2, s) == pytest.approx(8.4 + 56 * 3.4 + 6 * 14.0)
+    assert N.latency("allreduce", "tree", 0, s) == pytest.approx(6.8 + 2 * (7 * 0.6 + 2 * 5.0))
+    # with one GPU per node NCCL takes the Tree network latency for the ring's hops
+    one = setup("dgx-a100", 4, stride=8)
+    assert one.ppn == 1 and N.latency("allgather", "ring", 0, one) == pytest.approx(6.6 + 3 * 5.0)
+    # PAT (one GPU per node, allgather/reduce-scatter): base 8 + log2(nodes) x netLat / 3.5 + 2.8 us per rank,
+    # 0.75 of the ring's busBw taken as the algorithm bandwidth
+    assert ("pat", 2) in N.candidates("allgather", one) and ("pat", 2) not in N.candidates("allgather", s)
+    assert N.latency("allgather", "pat", 2, one) == pytest.approx(8.0 + 2 * 14.0 / 3.5 + 4 * 2.8)
+    assert N.algorithm_bandwidth("allgather", "pat", 2, one) == pytest.approx(0.75 * one.ring_bw)
+
+
+def test_auto_is_nccls_choice_small_latency_bound_large_ring_simple() -> None:
+    hw, group = load_hardware("dgx-a100"), Group(8)
+    assert best_algorithm("allreduce", 8, group, hw).startswith("nccl:") and "/LL" in best_algorithm(
+        "allreduce", 8, group, hw)
+    assert best_algorithm("allreduce", 2**30, group, hw) == "nccl:ring/Simple"
+    for op in ("allgather", "reduce_scatter", "broadcast", "reduce"):
+        assert best_algorithm(op, 2**30, group, hw) == "nccl:ring/Simple"
+    assert best_algorithm("alltoall", 2**30, group, hw) == "nccl:p2p/Simple"
+    # recursive doubling / Rabenseifner are never the default, but stay selectable
+    for n in (1e3, 1e6, 1e9):
+        assert best_algorithm("allreduce", n, Group(64), hw) not in ("recursive_doubling", "rabenseifner")
+    assert collective_time("allreduce", 1e6, group, hw, "rabenseifner") > 0
+    assert best_algorithm("allreduce", 1e4, group, hw, "auto:textbook") in ("recursive_doubling", "rabenseifner",
+                                                                            "double_tree", "tree", "ring")
+
+
+def test_nvls_only_on_nvlink_sharp_nodes_and_forced_names() -> None:
+    h100 = load_hardware("dgx-h100")
+    assert best_algorithm("allreduce", 2**30, Group(8), h100) == "nccl:nvls/Simple"
+    assert best_algorithm("allreduce", 2**30, Group(8), load_hardware("dgx-a100")) == "nccl:ring/Simple"
+    assert "nccl:nvls/Simple" not in collective_report("allreduce", 2**30, Group(16), h100).times  # 2 nodes
+    forced = collective_report("allreduce", 2**20, Group(8), h100, "nccl:tree/LL128")
+    assert forced.chosen == "nccl:tree/LL128"
+    assert collective_report("allreduce", 2**20, Group(8), h100, "nccl:ring").chosen.startswith("nccl:ring/")
+    with pytest.raises(CommError, match="protocol"):
+        collective_time("allreduce", 1e6, Group(8), h100, "nccl:ring/LL64")
+    with pytest.raises(CommError, match="does not run"):
+        collective_time("allgather", 1e6, Group(8), h100, "nccl:tree")
+
+
+def test_vectorised_equals_scalar_for_every_op() -> None:
+    hw = load_hardware("dgx-a100")
+    sizes = np.geomspace(1.0, 2.0**33, 97)
+    for op in ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv"):
+        for group in (Group(8), Group(64), Group(8, 8)):
+            vec = collective_time(op, sizes, group, hw)
+            scalar = [collective_time(op, float(n), group, hw) for n in sizes]
+            np.testing.assert_allclose(vec, scalar, rtol=1e-12)
+
+
+def test_p2p_time_is_nccl_sendrecv() -> None:
+    hw = load_hardware("dgx-a100")
+    # Simple: Ring base 8.4 us + NVLink hop 3.4 us + n / (231 GB/s); LL below 16 KiB: 6.6 + 0.6 + 2n / 231
+    assert p2p_time(2**30, hw, 0) == pytest.approx(11.8e-6 + 2**30 / 231e9)
+    assert p2p_time(1024, hw, 0) == pytest.approx(7.2e-6 + 2048 / 231e9)
+
+
+def test_link_key_is_checked(tmp_path) -> None:
+    data = {"name": "x", "device": {"name": "d", "peak_flops": {"fp32": "1 TFLOP/s"}, "memory": "1 GiB",
+                                    "memory_bandwidth": "1 GB/s"},
+            "network": [{"name": "a", "bandwidth": "1 GB/s", "latency": "1 us", "link": "ethernet"}]}
+    with pytest.raises(SpecError, match="nvlink, pci, net"):
+        hardware_from_dict(data, "x.yaml")
+
+
+# ------------------------------------------------------------------------------ published nccl-tests tables
+
+
+@pytest.mark.parametrize("path", TABLES, ids=lambda p: p.stem)
+def test_published_table_within_stated_error(path: Path) -> None:
+    table = load_yaml_file(path)
+    assert table["source"] and table["name"] in MEAN_ERROR
+    hw = load_hardware(table["hardware"])
+    rows = np.array(table["rows"], dtype=float)
+    sizes, measured = rows[:, 0], rows[:, 1] * 1e-6
+    predicted = collective_time(table["op"], sizes, Group(int(table["gpus"])), hw)
+    error = np.abs(predicted / measured - 1)
+    assert float(np.mean(error)) <= MEAN_ERROR[table["name"]], f"{table['name']}: {np.mean(error):.1%}"
+    # sanity of the data: algbw = size / time as published (2-3 significant digits)
+    algbw = rows[:, 2]
+    big = algbw >= 1
+    np.testing.assert_allclose(sizes[big] / measured[big] / 1e9, algbw[big], rtol=0.02)
+
+
+def test_large_a100_ring_rows_within_five_percent() -> None:
+    """From 128 MiB up NCCL runs the Simple ring at the links' rate, which the hardware file's efficiency gives."""
+    table = load_yaml_file(next(p for p in TABLES if p.stem == "crusoe-2x8-a100-allreduce"))
+    rows = np.array(table["rows"], dtype=float)
+    big = rows[rows[:, 0] >= 2**27]
+    predicted = collective_time("allreduce", big[:, 0], Group(16), load_hardware("dgx-a100"))
+    assert np.all(np.abs(predicted / (big[:, 1] * 1e-6) - 1) <= 0.05)
+
+
+# ------------------------------------------------------------------------------ invariants (hypothesis)
+
+OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall", "gather", "scatter")
+HARDWARE = ("dgx-a100", "dgx-h100", "dgx1-v100", "p100-roce")
+_HW = {name: load_hardware(name) for name in HARDWARE}
+
+
+def _scaled(hw, bandwidth: float = 1.0, latency: float = 1.0):
+    levels = tuple(replace(lv, bandwidth=lv.bandwidth * bandwidth, latency=lv.latency * latency,
+                           nvls_bandwidth=None if lv.nvls_bandwidth is None else lv.nvls_bandwidth * bandwidth)
+                   for lv in hw.network)
+    return replace(hw, network=levels)
+
+
+groups = st.tuples(st.integers(min_value=1, max_value=64), st.sampled_from([1, 8]))
+sizes = st.floats(min_value=1.0, max_value=2.0**36)
+
+
+@settings(max_examples=80, deadline=None)
+@given(n1=sizes, n2=sizes, group=groups, hw=st.sampled_from(HARDWARE), op=st.sampled_from(OPS + ("sendrecv",)))
+def test_larger_message_never_takes_less_time(n1, n2, group, hw, op) -> None:
+    lo, hi = sorted((n1, n2))
+    g = Group(*group) if op != "sendrecv" else Group(min(group[0], 2), group[1])
+    t = collective_time(op, np.array([lo, hi]), g, _HW[hw])
+    assert t[0] <= t[1] * (1 + 1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=sizes, group=groups, hw=st.sampled_from(HARDWARE), op=st.sampled_from(OPS),
+       factor=st.floats(min_value=1.0, max_value=8.0))
+def test_more_bandwidth_or_less_latency_never_slower(n, group, hw, op, factor) -> None:
+    base = collective_time(op, n, Group(*group), _HW[hw])
+    assert collective_time(op, n, Group(*group), _scaled(_HW[hw], bandwidth=factor)) <= base * (1 + 1e-12)
+    assert collective_time(op, n, Group(*group), _scaled(_HW[hw], latency=1 / factor)) <= base * (1 + 1e-12)
