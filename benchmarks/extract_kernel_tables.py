@@ -9,7 +9,7 @@ header says so.
     python benchmarks/extract_kernel_tables.py --xla /work/.mirror/ROCm+xla/repo \
         --deepbench /work/.mirror/baidu-research+DeepBench/repo \
         --azure /work/.mirror/Azure+AI-benchmarking-guide/repo \
-        --mlengineering /work/.mirror/stas00+ml-engineering/repo
+        --mlengineering /work/.mirror/stas00+ml-engineering/repo --neusight /work/.mirror/sitar-lab+NeuSight/repo
 
 Needs `openpyxl` for DeepBench's .xlsx (not a dlperf dependency).
 """
@@ -35,6 +35,15 @@ DEEPBENCH_COMMIT = "30c51150869ee217f150ef5f31dc69241ed23b49"  # 2019-10-07 V100
 DEEPBENCH_PATH = "results/train/DeepBench_NV_V100.xlsx"
 AZURE_COMMIT = "8fd0c6e1bd0f853ef8f0500a3640a7d80a2a92ef"
 MLENG_COMMIT = "744d01e18b79512572f64a6bbd8b5f4a725203a7"
+NEUSIGHT_COMMIT = "6945927d9afcca2b9daf021f8395e53edc5b4eef"
+NEUSIGHT_DIR = "scripts/asplos/data/dataset/test"
+# NeuSight device name -> (file tag, what it stands in for in dlperf)
+NEUSIGHT_DEVICES = {
+    "NVIDIA A100 80GB PCIe": ("a100pcie", "A100 80GB PCIe: 108 SMs, 19.5 TFLOP/s FP32 like the SXM4 part; "
+                              "1935 GB/s HBM2e (datasheet) instead of 2039; 300 W instead of 400 W"),
+    "NVIDIA H100 80GB HBM3": ("h100", "H100 80GB HBM3 = H100 SXM5 (NeuSight device_configs: 132 SMs, "
+                              "66908 GFLOP/s FP32, 3430 GB/s)"),
+}
 
 
 def git_show(repo: Path, commit: str, path: str) -> bytes:
@@ -220,12 +229,40 @@ def extract_mamf(repo: Path) -> None:
               ["accelerator", "dtype", "mamf_tflops", "theory_tflops", "best_shape_mxnxk", "torch"], rows)
 
 
+# --- NeuSight -------------------------------------------------------------------------------------------
+
+def extract_neusight(repo: Path) -> None:
+    """FP32 (SIMT: TF32 off) torch.nn.Linear and torch.bmm timings of NeuSight's test set."""
+    rows: dict[str, list[list[object]]] = {d: [] for d in NEUSIGHT_DEVICES}
+    meta: dict[str, tuple[str, str, str]] = {}
+    for op in ("linear", "bmm"):
+        path = f"{NEUSIGHT_DIR}/{op}.csv"
+        for r in csv.DictReader(io.StringIO(git_show(repo, NEUSIGHT_COMMIT, path).decode())):
+            if r["Device"] in rows:
+                # NeuSight's (B, M, N, K): input (B, M, N) times (N, K), N contracted -> our m=M, n=K, k=N.
+                rows[r["Device"]].append([op, r["B"], r["M"], r["K"], r["N"], r["Latency"],
+                                          r["Kernels"].strip(";").replace(";", " + ")])
+                meta[r["Device"]] = (r["Torch Version"], r["CUDA Version"], r["CUDNN Version"])
+    for device, (tag, note) in NEUSIGHT_DEVICES.items():
+        torch_v, cuda_v, cudnn_v = meta[device]
+        write_csv(f"neusight-{tag}-fp32.csv",
+                  ["NeuSight test set: FP32 torch.nn.Linear (bias=True) and torch.bmm, TF32 off (SIMT sgemm kernels)",
+                   f"source: sitar-lab/NeuSight {NEUSIGHT_DIR}/{{linear,bmm}}.csv @ {NEUSIGHT_COMMIT}",
+                   f"GPU: {note}; torch {torch_v}, {cuda_v}, cuDNN {cudnn_v}",
+                   "timing (neusight/Dataset/collect.py): CUDA events around one call (launch included), mean of the "
+                   "5 fastest of 25 calls, in ms",
+                   "columns: NeuSight's B, M, N, K with N the contracted dimension, written as batch=B, m=M, n=K, "
+                   "k=N; FLOPs = 2*B*M*N*K; time_ms = its Latency; kernels = its Kernels"],
+                  ["op", "batch", "m", "n", "k", "time_ms", "kernels"], rows[device])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--xla", type=Path)
     p.add_argument("--deepbench", type=Path)
     p.add_argument("--azure", type=Path)
     p.add_argument("--mlengineering", type=Path)
+    p.add_argument("--neusight", type=Path)
     a = p.parse_args()
     if a.xla:
         extract_xla(a.xla)
@@ -235,6 +272,8 @@ def main() -> None:
         extract_azure(a.azure)
     if a.mlengineering:
         extract_mamf(a.mlengineering)
+    if a.neusight:
+        extract_neusight(a.neusight)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ class Curve:
     dtype: str        # dlperf dtype name in that file's peak_flops
     kind: str         # "matmul" or "conv"
     files: tuple[str, ...]
+    bandwidth: float | None = None  # DRAM bytes/s of the measured part when it is not the hardware file's
 
     @property
     def name(self) -> str:
@@ -68,8 +69,12 @@ CURVES = (
     Curve("V100", "dgx1-v100", "fp16", "conv", ("deepbench-v100-fp16-conv.csv",)),
     Curve("V100", "dgx1-v100", "fp32", "conv", ("deepbench-v100-fp32-conv.csv",)),
     Curve("A100", "dgx-a100", "fp16", "matmul", ("azure-a100-fp16.csv",)),
+    # A100 80GB PCIe stands in for the SXM4 part (same 108 SMs and 19.5 TFLOP/s FP32); its own 1935 GB/s
+    # (A100 datasheet, 80GB PCIe column) sets the roofline.
+    Curve("A100", "dgx-a100", "fp32", "matmul", ("neusight-a100pcie-fp32.csv",), bandwidth=1935e9),
     Curve("H100", "dgx-h100", "bf16", "matmul", ("xla-h100-bf16.csv",)),
     Curve("H100", "dgx-h100", "tf32", "matmul", ("xla-h100-tf32.csv",)),
+    Curve("H100", "dgx-h100", "fp32", "matmul", ("neusight-h100-fp32.csv",)),
     Curve("H100", "dgx-h100", "fp8", "matmul", ("azure-h100-fp8.csv",)),
     Curve("H200", "hgx-h200", "fp8", "matmul", ("azure-h200-fp8.csv",)),
 )
@@ -183,6 +188,11 @@ def gemm_bytes(p: Point, dtype: str) -> float:
     return p.batch * ((p.m * p.k + p.k * p.n) * inp + (p.m_out or p.m) * p.n * out)
 
 
+# Golden-section steps: 0.618^40 ~ 4e-9 of the bracket (fit.py's 64 steps give 1e-14, more than three-digit
+# figures need, and the test refits ~8000 points with this).
+SEARCH_STEPS = 40
+
+
 @dataclass(frozen=True)
 class Fit:
     """t = t0 + max(work / rate, memory time), with its error on the fitted points."""
@@ -216,9 +226,9 @@ def fit_roofline(work: np.ndarray, mem_s: np.ndarray, times: np.ndarray, max_rat
         return float(((np.log(_predict(work, mem_s, t0, math.exp(u))) - log_t) ** 2).sum())
 
     def best_u(t0: float) -> float:
-        return golden_min(lambda u: cost(t0, u), lo, hi)
+        return golden_min(lambda u: cost(t0, u), lo, hi, SEARCH_STEPS)
 
-    t0 = golden_min(lambda c: cost(c, best_u(c)), 0.0, float(times.min()))
+    t0 = golden_min(lambda c: cost(c, best_u(c)), 0.0, float(times.min()), SEARCH_STEPS)
     x = math.exp(best_u(t0))
     rel = np.abs(_predict(work, mem_s, t0, x) - times) / times
     return Fit(t0, 1.0 / x, float(np.median(rel)), float(rel.max()), len(times),
@@ -239,7 +249,7 @@ class Result:
 def fit_curve(curve: Curve) -> Result:
     points = load(curve)
     device = load_hardware(curve.hardware).device
-    bandwidth = device.memory_bandwidth * device.eff("memory").peak
+    bandwidth = (curve.bandwidth or device.memory_bandwidth) * device.eff("memory").peak
     times = np.array([p.seconds for p in points])
     flops = np.array([p.flops for p in points])
     mem_s = np.array([gemm_bytes(p, curve.dtype) for p in points]) / bandwidth
@@ -268,6 +278,8 @@ SOURCES = {
     "deepbench": "baidu-research/DeepBench results/train/DeepBench_NV_V100.xlsx @30c51150 (V100 DGX-1, "
                  "CUDA 10.1, cuDNN 7.6.2)",
     "azure": "Azure/AI-benchmarking-guide Azure_Results/ @8fd0c6e1 (cuBLASLt)",
+    "neusight": "sitar-lab/NeuSight scripts/asplos/data/dataset/test/{linear,bmm}.csv @6945927d (torch 2.1, "
+                "CUDA 12.1, TF32 off)",
     "xla": "openxla/xla xla/service/gpu/model/default_matmul_perf_table.txtpb @ad6eaee1 (H100, CUPTI kernel times)",
 }
 # Which fitted curve each hardware file gets: (kind, dtype or None for the default) -> curve name, note.
@@ -281,16 +293,19 @@ ASSIGN = {
     "dgx-a100 (A100-SXM4-80GB)": {
         ("matmul", None): ("A100 fp16 matmul (azure)", "; FP16 (BF16 runs on the same tensor cores at the same "
                            "peak); only 8 shapes"),
+        ("matmul", "fp32"): ("A100 fp32 matmul (neusight)", "; measured on an A100 80GB PCIe"),
     },
     "dgx-h100 (H100-SXM)": {
         ("matmul", None): ("H100 bf16 matmul (xla)", ""),
         ("matmul", "tf32"): ("H100 tf32 matmul (xla)", "; XLA's f32 dot at default precision (TF32)"),
+        ("matmul", "fp32"): ("H100 fp32 matmul (neusight)", "; torch.nn.Linear and torch.bmm"),
         ("matmul", "fp8"): ("H100 fp8 matmul (azure)", "; 9 shapes, CUDA 12.6"),
     },
     "hgx-h200": {
         ("matmul", None): ("H100 bf16 matmul (xla)", "; the H100 curve: same SMs and clocks "
                            "(ml-engineering MAMF table: 'H200 is the same')"),
         ("matmul", "fp8"): ("H200 fp8 matmul (azure)", "; 9 shapes, CUDA 12.6"),
+        ("matmul", "fp32"): ("H100 fp32 matmul (neusight)", "; the H100 curve (same SMs and clocks)"),
     },
 }
 
