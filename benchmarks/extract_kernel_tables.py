@@ -131,6 +131,14 @@ def deepbench_sections(ws: object) -> dict[str, list[list[object]]]:
     return sections
 
 
+def _check_tflops(flops: float, time_ms: object, sheet_tflops: object, what: str) -> None:
+    """The FLOP count used downstream must reproduce the sheet's own TERAFLOPS column."""
+    if isinstance(time_ms, (int, float)) and isinstance(sheet_tflops, (int, float)):
+        ours = flops / (time_ms * 1e-3) / 1e12
+        if abs(ours / sheet_tflops - 1) > 1e-9:
+            raise SystemExit(f"{what}: 2*... FLOPs give {ours} TFLOP/s, the sheet {sheet_tflops}")
+
+
 def extract_deepbench(repo: Path) -> None:
     import openpyxl  # only needed here
 
@@ -145,19 +153,26 @@ def extract_deepbench(repo: Path) -> None:
         sec = deepbench_sections(wb[sheet])
         what = f"sheet '{sheet}'"
         gemm = [r for r in sec["Dense Matrix Multiplication"] if isinstance(r[2], int)]
+        for r in gemm:
+            _check_tflops(2 * r[2] * r[3] * r[4], r[8], r[9], f"{sheet} GEMM {r[2:5]}")
         write_csv(f"deepbench-v100-{dtype}-gemm.csv",
                   [f"DeepBench V100 dense GEMM, {what} (cublasGemmEx)", *base,
                    "columns as the sheet: application, M, N, K, A/B transpose, Time (msec); "
-                   "FLOPs = 2*M*N*K (the sheet's TERAFLOPS column is that / time)"],
+                   "FLOPs = 2*M*N*K (checked: / time equals the sheet's TERAFLOPS column to 1e-9)"],
                   ["application", "m", "n", "k", "a_t", "b_t", "time_ms"],
                   [[r[1], r[2], r[3], r[4], r[5], r[6], r[8]] for r in gemm])
         conv = [r for r in sec["Convolution"] if isinstance(r[2], int)]
+        for r in conv:
+            c, n, k, s_, r_ = r[4:9]
+            for t, tf in zip(r[13:16], r[20:23], strict=True):
+                _check_tflops(2 * n * k * r[17] * r[18] * c * r_ * s_, t, tf, f"{sheet} conv {r[2:13]}")
         write_csv(f"deepbench-v100-{dtype}-conv.csv",
                   [f"DeepBench V100 convolutions, {what} (cuDNN, algorithm as the sheet's 'Forward Algorithm')",
                    *base,
                    "columns as the sheet: W, H, C, N, K, S (filter width), R (filter height), pad_w, pad_h, "
                    "stride_w, stride_h, output P, Q, Forward / wrt Inputs / wrt Parameters (msec)",
-                   "FLOPs per pass = 2*N*K*P*Q*C*R*S (the sheet's TERAFLOPS columns are that / time)"],
+                   "FLOPs per pass = 2*N*K*P*Q*C*R*S (checked: / time equals the sheet's three TERAFLOPS columns "
+                   "to 1e-9)"],
                   ["application", "w", "h", "c", "n", "k", "s", "r", "pad_w", "pad_h", "stride_w", "stride_h",
                    "p", "q", "fwd_ms", "bwd_data_ms", "bwd_filter_ms", "algorithm"],
                   [[r[1], *r[2:13], r[17], r[18], r[13], r[14], r[15], r[23] if len(r) > 23 else ""]
