@@ -69,7 +69,7 @@ def test_curve_formula_by_hand() -> None:
     """The model the fit scores, written out: t = t0 + max(FLOPs / r_inf, bytes / bandwidth)."""
     r = fit.fit_curve(fit.CURVES[0])  # V100 fp16 DeepBench GEMMs
     points = fit.load(fit.CURVES[0])
-    bandwidth = 900e9 * 0.9  # dgx1-v100 memory_bandwidth x the default memory efficiency
+    bandwidth = 900e9 * fit.MEMORY_EFFICIENCY  # dgx1-v100 memory_bandwidth
     rel = sorted(abs(r.plain.t0 + max(p.flops / r.plain.rate, 2 * (p.m * p.k + p.k * p.n + p.m * p.n) / bandwidth)
                      - p.seconds) / p.seconds for p in points)
     assert rel[len(rel) // 2] <= EXPECTED[fit.CURVES[0].name][2]
