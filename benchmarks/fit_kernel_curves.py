@@ -1,24 +1,24 @@
 """Fit Hockney curves to the public per-shape GEMM and convolution timings in dlperf/data/kernels/.
 
-For each (device, dtype, kernel class) the points are (FLOPs, seconds) and the curve is Hockney's
-t = t0 + FLOPs / r_inf (Hockney & Jesshope 1988, section 1.3.3), fitted by dlperf.calibrate.fit.fit_line
-(least squares on log time, i.e. on relative error). Printed per curve: peak = r_inf / the datasheet dense
-peak of that dtype (from hardware/*.yaml), startup = t0, the number of points and the median and maximum
-|relative error| of the curve on its own points.
+For each (device, dtype, kernel class) the points are (work, seconds) and the curve is Hockney's line under a
+roofline, t = t0 + max(work / r_inf, bytes / (memory_bandwidth x 0.9)) (Hockney & Jesshope 1988, section
+1.3.3; the max is the roofline dlperf's engine applies, so bandwidth-bound GEMV-like shapes do not pull r_inf
+down), fitted by least squares on log time, i.e. on relative error, with dlperf.calibrate.fit's golden-section
+search (fit_roofline). Printed per curve: peak = r_inf / the datasheet dense peak of that dtype (from
+hardware/*.yaml), startup = t0, the number of points and the median and maximum |relative error| of the curve
+on its own points, for three choices of work:
 
-The second model replaces FLOPs by the work the GPU actually schedules under tile and wave quantization
-(NVIDIA, "Matrix Multiplication Background User's Guide", DU-09799-001, sections "Tile Quantization" and
-"Wave Quantization"): the output is cut into tm x tn tiles, one thread block per tile; the blocks run in waves
-of one per SM, and a partial last wave takes as long as a full one, so
-
-    t = t0 + ceil(tiles / SMs) * SMs * 2 * tm * tn * K / r_inf,   tiles = batch * ceil(M/tm) * ceil(N/tn).
+- plain: FLOPs.
+- best-tile: the work the GPU schedules under tile and wave quantization (NVIDIA, "Matrix Multiplication
+  Background User's Guide", DU-09799-001, "Tile Quantization" and "Wave Quantization"): the output is cut into
+  tm x tn tiles, one thread block each, run in waves of one block per SM, a partial wave costing a full one:
+  ceil(tiles / SMs) * SMs * 2 * tm * tn * K with tiles = batch * ceil(M/tm) * ceil(N/tn); each shape takes the
+  guide's tile with the least such work (no tile assumed slower: a parameter-free lower bound).
+- engine: FLOPs x dlperf.engine.device.wave_quantization with the hardware files' 256x128 tile and split-K,
+  i.e. what the engine charges.
 
 A convolution is costed as its implicit GEMM (Chetlur et al. 2014, cuDNN, section 3): forward M = N*P*Q,
 N = K, K = C*R*S; backward-data M = N*H*W, N = C, K = K*R*S; backward-filter M = K, N = C*R*S, K = N*P*Q.
-Each shape takes the tile of the guide's list with the least scheduled work (no tile assumed slower), the
-simplest parameter-free form of the rule. Both models take the larger of that compute time and the DRAM time
-of the kernel's tensors (the roofline dlperf's engine applies), so bandwidth-bound GEMV-like shapes do not
-pull r_inf down; the DRAM rate is the hardware file's memory_bandwidth x 0.9 (MEMORY_EFFICIENCY).
 
     python benchmarks/fit_kernel_curves.py            # table of all curves
     python benchmarks/fit_kernel_curves.py --yaml     # the efficiency snippets per device
@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from dlperf.calibrate.fit import golden_min
+from dlperf.engine.device import wave_quantization
 from dlperf.spec.hardware import load_hardware
 
 DATA = Path(__file__).resolve().parents[1] / "dlperf" / "data" / "kernels"
@@ -160,6 +161,9 @@ def load(curve: Curve) -> list[Point]:
 # Thread-block tiles cuBLAS chooses among (DU-09799-001, "Tile Quantization": 256x128 and 128x256 the most
 # efficient, then 128x128, 256x64, 64x256, 128x64, 64x128, 64x64).
 TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64))
+# The engine's own rule (hardware/*.yaml matmul `tile`, Efficiency.min_split_k default), scored as a third model.
+ENGINE_TILE = (256, 128)
+ENGINE_MIN_SPLIT_K = 256
 # Bytes per element of (inputs, output): fp8 GEMMs here write bf16 (XLA's f8e4m3fn x f8e4m3fn -> bf16);
 # XLA's f32 table ("tf32") moves f32.
 ELEMENT_BYTES = {"fp32": (4, 4), "tf32": (4, 4), "fp16": (2, 2), "bf16": (2, 2), "fp8": (1, 2)}
@@ -194,9 +198,9 @@ def gemm_bytes(p: Point, dtype: str) -> float:
 # 0.07: A100-80GB 1.70 of 2.039 TB/s = 0.83, H100 2.97 of 3.35 = 0.89, H200 4.15 of 4.8 = 0.86 (azure-*.csv).
 MEMORY_EFFICIENCY = 0.9
 
-# Golden-section steps: 0.618^40 ~ 4e-9 of the bracket (fit.py's 64 steps give 1e-14, more than three-digit
-# figures need, and the test refits ~8000 points with this).
-SEARCH_STEPS = 40
+# Golden-section steps: 0.618^30 ~ 5e-7 of the bracket, i.e. r_inf to ~1e-5 and t0 to ~1e-11 s (fit.py's 64
+# steps give 1e-14, far more than three-digit figures need; the test refits ~8000 points three ways).
+SEARCH_STEPS = 30
 
 
 @dataclass(frozen=True)
@@ -246,7 +250,8 @@ class Result:
     curve: Curve
     peak_flops: float   # datasheet dense FLOP/s of the dtype
     plain: Fit          # work = FLOPs
-    quantized: Fit      # work = tile- and wave-quantized FLOPs
+    quantized: Fit      # work = tile- and wave-quantized FLOPs, best tile of the guide's list
+    engine: Fit         # work = FLOPs x dlperf.engine.device.wave_quantization (256x128 tile, split-K >= 256)
 
     def efficiency(self, fit: Fit) -> float:
         return fit.rate / self.peak_flops
@@ -260,23 +265,25 @@ def fit_curve(curve: Curve) -> Result:
     flops = np.array([p.flops for p in points])
     mem_s = np.array([gemm_bytes(p, curve.dtype) for p in points]) / bandwidth
     qflops = np.array([quantized_flops(p, SMS[curve.device]) for p in points])
+    eflops = flops * np.array([wave_quantization(p.batch, p.m_out or p.m, p.n, p.k, SMS[curve.device],
+                                                 ENGINE_TILE, ENGINE_MIN_SPLIT_K) for p in points])
     peak = device.peak_flops[curve.dtype]
-    return Result(curve, peak, fit_roofline(flops, mem_s, times, peak), fit_roofline(qflops, mem_s, times, peak))
+    return Result(curve, peak, *(fit_roofline(w, mem_s, times, peak) for w in (flops, qflops, eflops)))
 
 
 def table(results: list[Result]) -> str:
     head = (f"{'curve':32} {'pts':>4} {'mem':>4} {'best':>5} | {'peak':>5} {'t0 us':>6} {'med':>6} {'max':>6} | "
-            f"{'peak':>5} {'t0 us':>6} {'med':>6} {'max':>6} | better")
+            f"{'peak':>5} {'med':>6} {'max':>6} | {'peak':>5} {'t0 us':>6} {'med':>6} {'max':>6}")
     lines = ["pts: points, mem: memory-bound under the plain fit, best: best measured FLOP/s / peak",
-             f"{'':43}| plain Hockney + roofline    | quantized (tile and wave)", head, "-" * len(head)]
+             f"{'':49}| plain Hockney + roofline    | best-tile quant.   | engine quant. (256x128, split-K)",
+             head, "-" * len(head)]
     for r in results:
-        p, q = r.plain, r.quantized
-        better = "quantized" if q.median_rel < p.median_rel else "plain"
+        p, q, e = r.plain, r.quantized, r.engine
         lines.append(
             f"{r.curve.name:32} {p.points:4d} {p.memory_bound:4d} {p.best_rate / r.peak_flops:5.3f} | "
-            f"{r.efficiency(p):5.3f} {p.t0 * 1e6:6.1f} "
-            f"{p.median_rel:6.3f} {p.max_rel:6.3f} | {r.efficiency(q):5.3f} {q.t0 * 1e6:6.1f} "
-            f"{q.median_rel:6.3f} {q.max_rel:6.3f} | {better}")
+            f"{r.efficiency(p):5.3f} {p.t0 * 1e6:6.1f} {p.median_rel:6.3f} {p.max_rel:6.3f} | "
+            f"{r.efficiency(q):5.3f} {q.median_rel:6.3f} {q.max_rel:6.3f} | "
+            f"{r.efficiency(e):5.3f} {e.t0 * 1e6:6.1f} {e.median_rel:6.3f} {e.max_rel:6.3f}")
     return "\n".join(lines)
 
 
@@ -319,9 +326,14 @@ ASSIGN = {
 }
 
 
-def _entry(r: Result, note: str) -> tuple[str, str, str]:
-    p, where = r.plain, SOURCES[r.curve.files[0].split("-")[0]]
-    src = (f"{r.curve.name}: Hockney+roofline fit of {p.points} kernel timings, {where}"
+def _entry(r: Result, note: str, quantized: bool) -> tuple[str, str, str]:
+    """(peak, startup, source) of one curve. The class's default matmul curve is the fit under the engine's own
+    quantization, because the hardware file's `tile` makes the engine apply it on top (a plain fit would charge
+    the quantization loss twice); per-dtype and conv curves have no tile, so they take the plain fit."""
+    p, where = (r.engine if quantized else r.plain), SOURCES[r.curve.files[0].split("-")[0]]
+    how = "Hockney+roofline fit under the engine's 256x128/split-K quantization" if quantized else \
+        "Hockney+roofline fit"
+    src = (f"{r.curve.name}: {how} of {p.points} kernel timings, {where}"
            f"; r_inf {p.rate / 1e12:.1f} of {r.peak_flops / 1e12:g} TFLOP/s; median |rel err| {p.median_rel:.3f}, "
            f"max {p.max_rel:.3f}{note} (benchmarks/fit_kernel_curves.py)")
     return f"{r.efficiency(p):.3f}", f"{p.t0 * 1e6:.1f} us", src
@@ -336,13 +348,14 @@ def snippets(results: list[Result]) -> str:
             if (kind, None) not in assign:
                 continue
             name, note = assign[(kind, None)]
-            peak, startup, src = _entry(by_name[name], note)
-            lines += [f"  {kind}:", f"    peak: {peak}", f"    startup: {startup}", f'    source: "{src}"']
+            peak, startup, src = _entry(by_name[name], note, kind == "matmul")
+            tile = [f"    tile: [{ENGINE_TILE[0]}, {ENGINE_TILE[1]}]"] if kind == "matmul" else []
+            lines += [f"  {kind}:", *tile, f"    peak: {peak}", f"    startup: {startup}", f'    source: "{src}"']
             dtypes = [(d, v) for (k, d), v in assign.items() if k == kind and d]
             if dtypes:
                 lines.append("    dtypes:")
             for dtype, (name, note) in dtypes:
-                peak, startup, src = _entry(by_name[name], note)
+                peak, startup, src = _entry(by_name[name], note, False)
                 lines.append(f'      {dtype}: {{peak: {peak}, startup: {startup}, source: "{src}"}}')
         out.append("\n".join(lines))
     return "\n\n".join(out)
