@@ -139,3 +139,34 @@ def test_fitted_md_lists_the_published_figures() -> None:
     plain = {n: v for n, v in EXPECTED.items() if n not in ENGINE_EXPECTED}
     for name, (peak, startup_us, _) in plain.items():
         assert _published(text, name, peak, startup_us), name
+
+
+SNIPPET_HARDWARE = ("dgx1-v100", "dgx-a100", "dgx-h100", "hgx-h200")  # FITTED.md's snippets, by first name
+
+
+def _snippets() -> dict[str, str]:
+    """FITTED.md's yaml block, split at its '# <hardware name> ...' comment lines."""
+    block = (DATA / "FITTED.md").read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
+    out: dict[str, str] = {}
+    for chunk in block.split("\n\n"):
+        head, body = chunk.split("\n", 1)
+        out[head.lstrip("# ").split()[0]] = body
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SNIPPET_HARDWARE))
+def test_snippet_loads_into_its_hardware_file(name: str) -> None:
+    """Each snippet, put in place of its hardware file's `efficiency`, loads and yields the published curves."""
+    from dlperf.builtins import data_dir
+    from dlperf.spec.hardware import hardware_from_dict
+    from dlperf.spec.yamlio import load_yaml_file, load_yaml_text
+
+    data = load_yaml_file(data_dir("hardware") / f"{name}.yaml")
+    snippet = load_yaml_text(_snippets()[name], "FITTED.md")
+    data["device"]["efficiency"] = snippet["efficiency"]
+    device = hardware_from_dict(data, "FITTED.md").device
+    matmul, published = device.eff("matmul"), snippet["efficiency"]["matmul"]
+    assert matmul.peak == published["peak"] and matmul.tile == (256, 128)
+    assert matmul.startup == pytest.approx(float(published["startup"].split()[0]) * 1e-6)
+    for dtype, curve in snippet["efficiency"]["matmul"].get("dtypes", {}).items():
+        assert device.eff("matmul", dtype).peak == curve["peak"] and device.eff("matmul", dtype).tile is None
