@@ -361,12 +361,42 @@ def snippets(results: list[Result]) -> str:
     return "\n\n".join(out)
 
 
+def engine_check(results: list[Result]) -> str:
+    """Each matmul curve's points timed by the engine itself (dlperf.engine.device.phase_time: its roofline, its
+    quantization, its launch latency) on the hardware file with the snippet in place; signed error > 0 = slower
+    than measured. Shows what the snippets do once merged, including the launch the engine adds on top."""
+    from dlperf.builtins import data_dir
+    from dlperf.engine.device import phase_time
+    from dlperf.spec.hardware import hardware_from_dict
+    from dlperf.spec.yamlio import load_yaml_file, load_yaml_text
+
+    texts = {c.split("\n", 1)[0].lstrip("# ").split()[0]: c.split("\n", 1)[1] for c in snippets(results).split("\n\n")}
+    lines = [f"{'curve':32} {'median |rel|':>12} {'median signed':>13}"]
+    for r in results:
+        c = r.curve
+        if c.kind != "matmul":
+            continue
+        data = load_yaml_file(data_dir("hardware") / f"{c.hardware}.yaml")
+        data["device"]["efficiency"] = load_yaml_text(texts[c.hardware], "snippet")["efficiency"]
+        device = hardware_from_dict(data, "snippet").device
+        eff = device.eff("matmul", c.dtype)
+        rel = []
+        for p in load(c):
+            q = wave_quantization(p.batch, p.m, p.n, p.k, device.sms, eff.tile, eff.min_split_k) if eff.tile else 1.0
+            t = phase_time(p.flops, gemm_bytes(p, c.dtype), 1, "matmul", device, c.dtype, q)
+            rel.append((t - p.seconds) / p.seconds)
+        err = np.array(rel)
+        lines.append(f"{c.name:32} {np.median(np.abs(err)):12.3f} {np.median(err):+13.3f}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--yaml", action="store_true", help="print the hardware-file snippets instead")
+    parser.add_argument("--engine", action="store_true", help="time the points with the engine and the snippets")
     args = parser.parse_args()
     results = [fit_curve(c) for c in CURVES]
-    print(snippets(results) if args.yaml else table(results))
+    print(snippets(results) if args.yaml else engine_check(results) if args.engine else table(results))
 
 
 if __name__ == "__main__":
