@@ -1,0 +1,172 @@
+"""The public kernel microbenchmarks in dlperf/data/kernels/ and the curves fitted to them.
+
+Each curve is refitted here (benchmarks/fit_kernel_curves.py, ~1 s for all) and must reproduce what
+dlperf/data/kernels/FITTED.md publishes: the efficiency to 0.005 and the startup time to 0.1 us, and its
+median |relative error| on its own points must stay within the figure measured when FITTED.md was written
+(`python benchmarks/fit_kernel_curves.py`), rounded up to the next 0.01. A changed CSV, fit or hardware peak
+that moves a curve fails here instead of silently changing a published figure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "dlperf" / "data" / "kernels"
+
+
+def _fit_module():
+    spec = importlib.util.spec_from_file_location("fit_kernel_curves", ROOT / "benchmarks" / "fit_kernel_curves.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+fit = _fit_module()
+
+# curve -> (peak = r_inf / datasheet peak, startup t0 in us, median |rel err| tolerance). Measured medians:
+# 0.072, 0.139, 0.346, 0.326, 0.105, 0.183, 0.071, 0.213, 0.149, 0.042, 0.029 (FITTED.md).
+EXPECTED = {
+    "V100 fp16 matmul (deepbench)": (0.800, 8.0, 0.08),
+    "V100 fp32 matmul (deepbench)": (0.764, 10.0, 0.14),
+    "V100 fp16 conv (deepbench)": (0.346, 12.0, 0.35),
+    "V100 fp32 conv (deepbench)": (0.917, 30.0, 0.33),
+    "A100 fp16 matmul (azure)": (0.733, 9.9, 0.11),
+    "A100 fp32 matmul (neusight)": (0.771, 34.3, 0.19),
+    "H100 bf16 matmul (xla)": (0.752, 5.0, 0.08),
+    "H100 tf32 matmul (xla)": (0.491, 5.6, 0.22),
+    "H100 fp32 matmul (neusight)": (0.633, 24.1, 0.15),
+    "H100 fp8 matmul (azure)": (0.686, 6.6, 0.05),
+    "H200 fp8 matmul (azure)": (0.682, 6.4, 0.03),
+}
+
+
+# The default matmul curves are published as fitted under the engine's own quantization (FITTED.md says why):
+# curve -> (peak, startup us, median tolerance); measured medians 0.092, 0.065, 0.078.
+ENGINE_EXPECTED = {
+    "V100 fp16 matmul (deepbench)": (0.860, 6.1, 0.10),
+    "A100 fp16 matmul (azure)": (0.768, 5.4, 0.07),
+    "H100 bf16 matmul (xla)": (0.803, 4.9, 0.08),
+}
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    return {r.curve.name: r for r in (fit.fit_curve(c) for c in fit.CURVES)}
+
+
+def test_every_curve_is_expected(results: dict) -> None:
+    assert set(results) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_fitted_curve_matches_published_figures(results: dict, name: str) -> None:
+    peak, startup_us, tolerance = EXPECTED[name]
+    r = results[name]
+    assert r.efficiency(r.plain) == pytest.approx(peak, abs=0.005)
+    assert r.plain.t0 * 1e6 == pytest.approx(startup_us, abs=0.1)
+    assert r.plain.median_rel <= tolerance
+
+
+@pytest.mark.parametrize("name", sorted(ENGINE_EXPECTED))
+def test_engine_quantized_fit_matches_published_figures(results: dict, name: str) -> None:
+    peak, startup_us, tolerance = ENGINE_EXPECTED[name]
+    r = results[name]
+    assert r.efficiency(r.engine) == pytest.approx(peak, abs=0.005)
+    assert r.engine.t0 * 1e6 == pytest.approx(startup_us, abs=0.1)
+    assert r.engine.median_rel <= tolerance
+
+
+def test_curve_formula_by_hand() -> None:
+    """The model the fit scores, written out: t = t0 + max(FLOPs / r_inf, bytes / bandwidth)."""
+    r = fit.fit_curve(fit.CURVES[0])  # V100 fp16 DeepBench GEMMs
+    points = fit.load(fit.CURVES[0])
+    bandwidth = 900e9 * fit.MEMORY_EFFICIENCY  # dgx1-v100 memory_bandwidth
+    rel = sorted(abs(r.plain.t0 + max(p.flops / r.plain.rate, 2 * (p.m * p.k + p.k * p.n + p.m * p.n) / bandwidth)
+                     - p.seconds) / p.seconds for p in points)
+    assert rel[len(rel) // 2] <= EXPECTED[fit.CURVES[0].name][2]
+
+
+def test_quantized_models_are_computed_for_every_curve(results: dict) -> None:
+    for r in results.values():
+        for f in (r.quantized, r.engine):
+            assert 0 < r.efficiency(f) <= 1.0 + 1e-9
+            assert f.points == r.plain.points
+
+
+def test_wave_quantization_counts_a_partial_wave_as_full() -> None:
+    # 1024^3 on A100 (108 SMs): best tile 64x64 -> 256 tiles -> 3 waves = 324 tile slots.
+    p = fit.Point(1, 1024, 1024, 1024, 1.0)
+    assert fit.quantized_flops(p, 108) == 324 * 2 * 64 * 64 * 1024
+    # 4096^3 on H100 (132 SMs) with 256x128 tiles: 512 tiles -> 4 waves = 528 slots.
+    assert fit.scheduled_flops(fit.Point(1, 4096, 4096, 4096, 1.0), 132, (256, 128)) == 528 * 2 * 256 * 128 * 4096
+
+
+@pytest.mark.parametrize("path", sorted(DATA.glob("*.csv")), ids=lambda p: p.name)
+def test_every_csv_names_its_source(path: Path) -> None:
+    header, rows = fit.read_csv(path)
+    sources = [line for line in header if line.startswith("source:")]
+    assert sources, f"{path.name}: no '# source:' line"
+    assert re.search(r"\S+/\S+ \S+ @ ?[0-9a-f]{40}", sources[0]), f"{path.name}: source needs repo, path, commit"
+    assert rows, f"{path.name}: no rows"
+
+
+@pytest.mark.parametrize("curve", [c for c in fit.CURVES if c.kind == "matmul"], ids=lambda c: c.name)
+def test_no_gemm_beats_the_datasheet_peak(curve) -> None:
+    """A GEMM timing faster than the dense peak would be a unit or transcription error (convolutions may:
+    Winograd/FFT do fewer FLOPs than the direct count). xla-h100-fp8.csv fails this and is not fitted."""
+    peak = fit.load_hardware(curve.hardware).device.peak_flops[curve.dtype]
+    assert max(p.flops / p.seconds for p in fit.load(curve)) <= peak
+
+
+def _published(text: str, name: str, peak: float, startup_us: float) -> bool:
+    """A snippet entry of FITTED.md, inline ({peak: .., startup: .., source: "name...) or as a block."""
+    inline = rf'peak: {peak:.3f}, startup: {startup_us:.1f} us, source: "{re.escape(name)}'
+    block = rf'peak: {peak:.3f}\n\s+startup: {startup_us:.1f} us\n\s+source: "{re.escape(name)}'
+    return bool(re.search(inline, text) or re.search(block, text))
+
+
+def test_fitted_md_lists_the_published_figures() -> None:
+    text = (DATA / "FITTED.md").read_text()
+    for name, (peak, startup_us, _) in ENGINE_EXPECTED.items():
+        assert _published(text, name, peak, startup_us), name
+    plain = {n: v for n, v in EXPECTED.items() if n not in ENGINE_EXPECTED}
+    for name, (peak, startup_us, _) in plain.items():
+        assert _published(text, name, peak, startup_us), name
+
+
+SNIPPET_HARDWARE = ("dgx1-v100", "dgx-a100", "dgx-h100", "hgx-h200")  # FITTED.md's snippets, by first name
+
+
+def _snippets() -> dict[str, str]:
+    """FITTED.md's yaml block, split at its '# <hardware name> ...' comment lines."""
+    block = (DATA / "FITTED.md").read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
+    out: dict[str, str] = {}
+    for chunk in block.split("\n\n"):
+        head, body = chunk.split("\n", 1)
+        out[head.lstrip("# ").split()[0]] = body
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SNIPPET_HARDWARE))
+def test_snippet_loads_into_its_hardware_file(name: str) -> None:
+    """Each snippet, put in place of its hardware file's `efficiency`, loads and yields the published curves."""
+    from dlperf.builtins import data_dir
+    from dlperf.spec.hardware import hardware_from_dict
+    from dlperf.spec.yamlio import load_yaml_file, load_yaml_text
+
+    data = load_yaml_file(data_dir("hardware") / f"{name}.yaml")
+    snippet = load_yaml_text(_snippets()[name], "FITTED.md")
+    data["device"]["efficiency"] = snippet["efficiency"]
+    device = hardware_from_dict(data, "FITTED.md").device
+    matmul, published = device.eff("matmul"), snippet["efficiency"]["matmul"]
+    assert matmul.peak == published["peak"] and matmul.tile == (256, 128)
+    assert matmul.startup == pytest.approx(float(published["startup"].split()[0]) * 1e-6)
+    for dtype, curve in snippet["efficiency"]["matmul"].get("dtypes", {}).items():
+        assert device.eff("matmul", dtype).peak == curve["peak"] and device.eff("matmul", dtype).tile is None
