@@ -43,8 +43,9 @@ ABSOLUTE_UNITS = {
     "tflops_per_gpu": "matrix_tflops_per_device",
     "mfu": "mfu",
     "tokens_per_s": "throughput_samples_per_s",   # x the sequence length (the model's input length)
+    "tokens_per_s_per_device": "throughput_samples_per_s",   # x the sequence length / devices
 }
-PER_TOKEN_UNITS = ("tokens_per_s",)
+PER_TOKEN_UNITS = ("tokens_per_s", "tokens_per_s_per_device")
 # speedup = throughput(row) / throughput(baseline). scaling_efficiency = per-device FLOP rate of the row over
 # that of the baseline (a fraction): for one model this is the per-device throughput ratio (strong or weak
 # scaling), and across models it is the weak-scaling definition Megatron-LM's tables use.
@@ -365,6 +366,8 @@ def evaluate(rows: Sequence[Row], universe: Sequence[Row] | None = None) -> list
             value = float(getattr(pred, ABSOLUTE_UNITS[row.unit]))
             if row.unit in PER_TOKEN_UNITS:
                 value *= cache[row.id][1]
+            if row.unit == "tokens_per_s_per_device":
+                value /= row.plan.devices
         notes = [] if pred.fits else ["predicted memory exceeds the device"]
         results.append(Result(row, value, notes))
     return results
