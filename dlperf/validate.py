@@ -247,8 +247,8 @@ def _pending(node: Any, sources: dict[str, str], file: str, where: str) -> Pendi
         id=row_id, source=source, citation=sources[source], where=_text(node, "where", where, file),
         evidence=node["evidence"], model=_text(node, "model", where, file), sets=_sets(node, where, file),
         hardware=_text(node, "hardware", where, file), plan=dict(plan), value=value, unit=unit,
-        waits_for={str(k): v.strip() for k, v in waits.items()}, tags=_tags(node, where, file), note=node.get("note", ""), file=file,
-        line=line_of(node) or 0,
+        waits_for={str(k): v.strip() for k, v in waits.items()}, tags=_tags(node, where, file),
+        note=node.get("note", ""), file=file, line=line_of(node) or 0,
     )
 
 

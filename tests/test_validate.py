@@ -21,11 +21,16 @@ from dlperf.validate import (
     UNITS,
     Result,
     Row,
+    average_ranks,
     default_files,
     evaluate,
     load_dataset,
+    load_pending,
     mean_abs_error,
+    median_spearman,
+    plan_groups,
     select,
+    spearman,
     summary,
 )
 
@@ -87,11 +92,29 @@ def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
 
 
 def test_builtin_dataset_loads_with_unique_ids_and_known_units():
-    rows = load_dataset()
-    assert len(rows) == 79
-    assert len({r.id for r in rows}) == len(rows)
-    assert {r.unit for r in rows} <= set(UNITS)
-    assert all(r.citation for r in rows)
+    rows, pending = load_dataset(), load_pending()
+    assert (len(rows), len(pending)) == (222, 103)
+    assert len({r.id for r in [*rows, *pending]}) == len(rows) + len(pending)
+    assert {r.unit for r in [*rows, *pending]} <= set(UNITS)
+    assert all(r.citation for r in [*rows, *pending])
+    assert all(p.waits_for and all(p.waits_for.values()) for p in pending)
+
+
+def test_new_sources_carry_the_published_figures():
+    rows = {r.id: r for r in load_dataset()}
+    # llm-foundry README, "A100 80GB ... (RoCE)" table, row 1b | 2048 | 8 GPUs | MicroBatchSize 14 | GradAccum 4.
+    mpt = rows["llmfoundry-a100-1b-s2048-g8-mb14"]
+    assert (mpt.value, mpt.unit) == (164109, "tokens_per_s")
+    assert mpt.plan == Plan(devices=8, dp=8, global_batch=448, micro_batch=14, zero=3, dtype="bf16")
+    assert mpt.sets == {"hidden": 2048, "heads": 16, "layers": 24, "seq": 2048, "vocab": 50368}
+    # Narayanan 2021 Table 2: ZeRO-3 on 1536 GPUs reaches 44 TF/s per GPU at batch 1536, microbatch 1.
+    zero3 = rows["narayanan2021-t2-175b-zero3-1536"]
+    assert (zero3.value, zero3.plan.zero, zero3.plan.data_parallel, zero3.plan.micro) == (44, 3, 1536, 1)
+    pending = {p.id: p for p in load_pending()}
+    # torchtitan docs/performance.md Table 2: FSDP 2 x CP 4 at seq 131072 on 8 H100s, 1,071 TPS/GPU.
+    cp = pending["torchtitan-t2-8b-fsdp2-cp4"]
+    assert (cp.value, cp.plan["cp"], cp.sets["seq"]) == (1071, 4, 131072)
+    assert {"cp", "fp8", "llama3-8b"} <= set(cp.waits_for)
 
 
 def test_builtin_rows_carry_the_published_figures():
@@ -158,9 +181,12 @@ def test_signed_error_and_summary_are_hand_computed():
     results = [fake(100, 110, "a"), fake(200, 150, "a"), fake(10, 10.5, "b")]
     assert [r.error_pct for r in results] == pytest.approx([10.0, -25.0, 5.0])
     a, b, overall = summary(results)
+    # source a: the two rows share model, hardware, devices, batch and unit -> one plan group, ranked right
     assert a == pytest.approx({"source": "a", "count": 2, "mean_abs_error_pct": 17.5, "median_abs_error_pct": 17.5,
-                               "max_abs_error_pct": 25.0, "mean_signed_error_pct": -7.5})
+                               "max_abs_error_pct": 25.0, "mean_signed_error_pct": -7.5, "groups": 1,
+                               "spearman_median": 1.0})
     assert (b["source"], b["count"], b["max_abs_error_pct"]) == ("b", 1, pytest.approx(5.0))
+    assert (b["groups"], b["spearman_median"]) == (0, None)
     assert overall["source"] == "overall" and overall["count"] == 3
     assert overall["mean_abs_error_pct"] == pytest.approx(40 / 3)
     assert overall["median_abs_error_pct"] == pytest.approx(10.0)
@@ -171,8 +197,10 @@ def test_signed_error_and_summary_are_hand_computed():
 def test_summary_statistics_are_ordered(pairs):
     stats = summary([fake(m, p) for m, p in pairs])[-1]
     assert stats["count"] == len(pairs)
-    assert stats["median_abs_error_pct"] <= stats["max_abs_error_pct"] + 1e-9
-    assert stats["mean_abs_error_pct"] <= stats["max_abs_error_pct"] + 1e-9
+    # fmean of equal values may exceed them by an ulp: compare with a relative floating-point slack
+    slack = stats["max_abs_error_pct"] * 1e-12 + 1e-9
+    assert stats["median_abs_error_pct"] <= stats["max_abs_error_pct"] + slack
+    assert stats["mean_abs_error_pct"] <= stats["max_abs_error_pct"] + slack
     assert abs(stats["mean_signed_error_pct"]) <= stats["mean_abs_error_pct"] + 1e-9
 
 
@@ -199,6 +227,83 @@ def test_select_filters_by_source_and_every_tag():
     assert len(single) == 4 and all(r.plan.devices == 1 for r in single)
 
 
+# ----------------------------------------------------------------------------------------- plan ranking
+
+
+def test_average_ranks_share_ties():
+    assert average_ranks([3, 1, 3, 2]) == [3.5, 1.0, 3.5, 2.0]
+    assert average_ranks([5, 5, 5]) == [2.0, 2.0, 2.0]
+
+
+def test_spearman_is_hand_computed():
+    # No ties: 1 - 6*sum(d^2)/(n(n^2-1)) = 1 - 6*2/60 = 0.8.
+    assert spearman([10, 20, 30, 40], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert spearman([1, 2, 3], [9, 5, 1]) == pytest.approx(-1.0)
+    # Ties: ranks [1,2,3,4,5] vs [1,2,3.5,5,3.5]; Pearson of ranks = 8 / sqrt(10 * 9.5).
+    assert spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(8 / (10 * 9.5) ** 0.5)
+    assert spearman([1, 1, 1], [1, 2, 3]) is None       # nothing to rank
+    assert spearman([1], [2]) is None
+    with pytest.raises(ValueError):
+        spearman([1, 2], [1])
+
+
+@given(st.lists(st.tuples(st.floats(-1e6, 1e6), st.floats(-1e6, 1e6)), min_size=2, max_size=12))
+def test_spearman_is_bounded_and_symmetric(pairs):
+    xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+    rho = spearman(xs, ys)
+    if rho is not None:
+        assert -1 - 1e-9 <= rho <= 1 + 1e-9
+        assert spearman(ys, xs) == pytest.approx(rho)
+        assert spearman(xs, [-y for y in ys]) == pytest.approx(-rho)
+
+
+def plan_result(value: float, predicted: float, devices: int, group: str | None = None, tp: int = 1) -> Result:
+    row = Row(id=f"r{value}", source="s", citation="c", where="w", evidence="verified", tags=(), model="gpt",
+              sets={}, hardware="dgx-a100", plan=Plan(devices=devices, tp=tp, global_batch=8), value=value,
+              unit="samples_per_s", group=group)
+    return Result(row, predicted)
+
+
+def test_plan_groups_by_job_and_explicit_group():
+    results = [plan_result(10, 1, 8), plan_result(20, 3, 8, tp=2), plan_result(30, 2, 8, tp=4),
+               plan_result(40, 5, 16)]
+    (group,) = plan_groups(results)                     # the 16-device row is another cluster: no group of 2
+    assert group["count"] == 3 and group["spearman"] == pytest.approx(0.5)
+    joined = [plan_result(10, 1, 8, "g"), plan_result(40, 5, 16, "g")]
+    assert [g["spearman"] for g in plan_groups(joined)] == [pytest.approx(1.0)]
+    # predictions that cannot tell plans apart rank nothing: rho 0, a miss
+    assert plan_groups([plan_result(10, 2, 8), plan_result(20, 2, 8, tp=2)])[0]["spearman"] == 0.0
+    assert median_spearman(results) == pytest.approx(0.5)
+
+
+def test_pending_rows_are_listed_not_scored(tmp_path, capsys):
+    text = TINY + """  - id: later
+    source: fixture
+    where: "n/a"
+    evidence: unverified
+    model: llama3-8b
+    hardware: dgx-h100
+    plan: {devices: 8, dp: 4, cp: 2, global_batch: 4, dtype: fp8}
+    measured: {value: 1000, unit: tokens_per_s_per_device}
+    pending: {fp8: "no FP8 GEMMs yet", cp: "no context parallelism yet"}
+"""
+    path = write(tmp_path, text)
+    assert [r.id for r in load_dataset([path])] == ["one", "eight"]
+    (later,) = load_pending([path])
+    assert later.waits_for == {"fp8": "no FP8 GEMMs yet", "cp": "no context parallelism yet"}
+    main(["validate", str(path), "--format", "json"])
+    out = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in out["rows"]] == ["one", "eight"]
+    assert [(p["id"], p["waits_for"]) for p in out["pending"]] == [("later", "fp8,cp")]
+    main(["validate", str(path)])
+    assert "Pending: 1 published rows dlperf does not model yet" in capsys.readouterr().out
+    for bad in ('{}', '{fp8: ""}', '[fp8]'):
+        broken = write(tmp_path, text.replace('{fp8: "no FP8 GEMMs yet", cp: "no context parallelism yet"}', bad),
+                       "broken.yaml")
+        with pytest.raises(DlperfError, match="expected a mapping of missing feature to the reason"):
+            load_dataset([broken])
+
+
 # ----------------------------------------------------------------------------------------- the command
 
 
@@ -210,6 +315,7 @@ def test_command_json_report_for_a_user_file(tmp_path, capsys):
     assert [s["source"] for s in out["summary"]] == ["fixture", "overall"]
     errors = [abs(r["error_pct"]) for r in out["rows"]]
     assert out["summary"][-1]["mean_abs_error_pct"] == pytest.approx(statistics.fmean(errors))
+    assert (out["groups"], out["median_spearman"], out["pending"]) == ([], None, [])
 
 
 def test_command_max_error_sets_the_exit_status(tmp_path, capsys):
@@ -281,3 +387,36 @@ def test_cnn_and_bert_data_parallel_rows_within_15_percent(results):
 
 
 # The pipeline-speedup tolerance (15%) is tested in tests/test_validate_pipeline.py on the torchgpipe rows.
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "MPT/FSDP MAE 22.7% over 131 rows (llm-foundry H100 18.8%, A100 80GB 27.2%): the error follows the sequence "
+    "length, -47% on average at seq >= 16k (32 rows, all too slow) and +9% at seq <= 2048 (72 rows, too fast). "
+    "The attention op is priced as materialised s x s scores, which FlashAttention (attn_impl: flash) never "
+    "writes; short sequences lack per-kernel and FSDP all-gather fixed costs"))
+def test_fsdp_llm_rows_within_10_percent(results):
+    assert mae(results, "llm-fsdp") <= 10.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Narayanan 2021 Table 2 MAE 125%: ZeRO-3 rows +72..+461% (predicted ~247-259 TF/s per GPU at any GPU count, "
+    "measured 144 -> 44 on 384 -> 1536 GPUs): the engine's exposed data-parallel time for zero 3 is ~0.5 ms, i.e. "
+    "the per-layer parameter all-gathers and the gradient reduce-scatter over InfiniBand are hidden entirely; "
+    "PTD-P rows +15..+18% as in Table 1"))
+def test_zero3_vs_ptdp_rows_within_10_percent(results):
+    assert mae(results, "llm-zero3-vs-ptdp") <= 10.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Spearman -1 in all 5 ZeRO-3 vs PTD-P groups (Narayanan Table 2): dlperf ranks ZeRO-3 above PTD-P at every "
+    "GPU count because ZeRO-3's communication is hidden (see above); a plan search would pick the wrong plan"))
+def test_zero3_vs_ptdp_plans_rank_right(results):
+    chosen = [r for r in results if r.row.source == "narayanan2021-table2"]
+    assert median_spearman(chosen) >= 0.9
+
+
+def test_mixed_precision_pairs_rank_right(results):
+    # DLE: AMP and TF32 at the same batch and GPU count (16 groups); every one ranked right today. These are the
+    # easy groups (a 2-8x peak difference); they carry the overall median of 1.0, the parallelism groups do not.
+    groups = [g for g in plan_groups(results) if g["source"].startswith("dle-")]
+    assert len(groups) == 16 and all(g["spearman"] == 1.0 for g in groups)
