@@ -100,13 +100,28 @@ def test_builtin_dataset_loads_with_unique_ids_and_known_units():
     assert all(p.waits_for and all(p.waits_for.values()) for p in pending)
 
 
+@pytest.mark.parametrize(("sets", "num_params"), [
+    # llm-foundry benchmarking README, NumParams column (rows: size | SeqLen)
+    ({"hidden": 768, "heads": 12, "layers": 12, "seq": 512}, 124131840),          # 125m | 512
+    ({"hidden": 1536, "heads": 12, "layers": 24, "seq": 32768}, 807656448),       # 760m | 32768
+    ({"hidden": 2048, "heads": 16, "layers": 24, "seq": 2048}, 1315950592),       # 1b | 2048
+    ({"hidden": 4096, "heads": 32, "layers": 32, "seq": 2048}, 6658859008),       # 7b | 2048
+    ({"hidden": 7168, "heads": 56, "layers": 48, "seq": 8192}, 30019254272),      # 30b | 8192
+    ({"hidden": 8192, "heads": 64, "layers": 80, "seq": 2048}, 64862437376),      # 70b | 2048
+])
+def test_mpt_model_has_the_benchmarked_parameter_counts(sets, num_params):
+    from dlperf.spec.model import load_model
+
+    assert load_model("mpt", sets).total_params == num_params
+
+
 def test_new_sources_carry_the_published_figures():
     rows = {r.id: r for r in load_dataset()}
     # llm-foundry README, "A100 80GB ... (RoCE)" table, row 1b | 2048 | 8 GPUs | MicroBatchSize 14 | GradAccum 4.
     mpt = rows["llmfoundry-a100-1b-s2048-g8-mb14"]
     assert (mpt.value, mpt.unit) == (164109, "tokens_per_s")
     assert mpt.plan == Plan(devices=8, dp=8, global_batch=448, micro_batch=14, zero=3, dtype="bf16")
-    assert mpt.sets == {"hidden": 2048, "heads": 16, "layers": 24, "seq": 2048, "vocab": 50368}
+    assert (mpt.model, mpt.sets) == ("mpt", {"hidden": 2048, "heads": 16, "layers": 24, "seq": 2048})
     # Narayanan 2021 Table 2: ZeRO-3 on 1536 GPUs reaches 44 TF/s per GPU at batch 1536, microbatch 1.
     zero3 = rows["narayanan2021-t2-175b-zero3-1536"]
     assert (zero3.value, zero3.plan.zero, zero3.plan.data_parallel, zero3.plan.micro) == (44, 3, 1536, 1)
@@ -390,10 +405,10 @@ def test_cnn_and_bert_data_parallel_rows_within_15_percent(results):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "MPT/FSDP MAE 22.7% over 131 rows (llm-foundry H100 18.8%, A100 80GB 27.2%): the error follows the sequence "
-    "length, -47% on average at seq >= 16k (32 rows, all too slow) and +9% at seq <= 2048 (72 rows, too fast). "
-    "The attention op is priced as materialised s x s scores, which FlashAttention (attn_impl: flash) never "
-    "writes; short sequences lack per-kernel and FSDP all-gather fixed costs"))
+    "MPT/FSDP MAE 52.9% over 131 rows, every row too fast (+5..+137%; llm-foundry H100 65.6%, A100 80GB 38.3%): "
+    "GEMMs and FlashAttention run at the MAMF ceiling (0.869 A100, 0.803 H100) where MPT measured 40-60% MFU, the "
+    "error grows as the model shrinks (A100 125M +59%, 13-30B +5..+38%: small kernels have no fixed cost) and "
+    "on H100, and FSDP's all-gathers are hidden behind compute (comm/dp_allreduce < 1 ms)"))
 def test_fsdp_llm_rows_within_10_percent(results):
     assert mae(results, "llm-fsdp") <= 10.0
 
