@@ -93,7 +93,7 @@ def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
 
 def test_builtin_dataset_loads_with_unique_ids_and_known_units():
     rows, pending = load_dataset(), load_pending()
-    assert (len(rows), len(pending)) == (222, 103)
+    assert (len(rows), len(pending)) == (231, 103)
     assert len({r.id for r in [*rows, *pending]}) == len(rows) + len(pending)
     assert {r.unit for r in [*rows, *pending]} <= set(UNITS)
     assert all(r.citation for r in [*rows, *pending])
@@ -125,6 +125,10 @@ def test_new_sources_carry_the_published_figures():
     # Narayanan 2021 Table 2: ZeRO-3 on 1536 GPUs reaches 44 TF/s per GPU at batch 1536, microbatch 1.
     zero3 = rows["narayanan2021-t2-175b-zero3-1536"]
     assert (zero3.value, zero3.plan.zero, zero3.plan.data_parallel, zero3.plan.micro) == (44, 3, 1536, 1)
+    # Korthikanti 2022 Table 5 (22B, t 8 on 8 GPUs, batch 4): 1.42 s with full recompute, 1.10 s selective + SP.
+    full, present = rows["korthikanti2022-t5-22b-full"], rows["korthikanti2022-t5-22b-selective-sp"]
+    assert (full.value, present.value) == (1.42, 1.10)
+    assert (present.plan.recompute, present.plan.sequence_parallel, present.plan.tp) == ("selective", True, 8)
     pending = {p.id: p for p in load_pending()}
     # torchtitan docs/performance.md Table 2: FSDP 2 x CP 4 at seq 131072 on 8 H100s, 1,071 TPS/GPU.
     cp = pending["torchtitan-t2-8b-fsdp2-cp4"]
@@ -411,6 +415,14 @@ def test_cnn_and_bert_data_parallel_rows_within_15_percent(results):
     "on H100, and FSDP's all-gathers are hidden behind compute (comm/dp_allreduce < 1 ms)"))
 def test_fsdp_llm_rows_within_10_percent(results):
     assert mae(results, "llm-fsdp") <= 10.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Korthikanti 2022 Table 5 MAE 11.2% over 9 rows, every iteration predicted too short (-5.6..-17%, selective + "
+    "SP rows -9..-17%, full recompute -6..-10%): the A100 GEMM efficiency (0.869 MAMF) is above what the 2022 "
+    "Megatron kernels reached (41.5-56.3% MFU); the plan ranking within each model is right (Spearman 1)"))
+def test_korthikanti_rows_within_10_percent(results):
+    assert mae(results, "llm-hybrid-2022") <= 10.0
 
 
 @pytest.mark.xfail(strict=True, reason=(
