@@ -487,12 +487,31 @@ def plan_groups(results: Sequence[Result]) -> list[dict[str, Any]]:
         if rho is None and len(set(measured)) > 1:
             rho = 0.0
         out.append({"source": members[0].row.source, "ids": [m.row.id for m in members], "count": len(members),
-                    "unit": members[0].row.unit, "spearman": rho})
+                    "unit": members[0].row.unit, "varies": _varies([m.row.plan for m in members]),
+                    "spearman": rho})
     return out
 
 
-def median_spearman(results: Sequence[Result]) -> float | None:
-    rhos = [g["spearman"] for g in plan_groups(results) if g["spearman"] is not None]
+# Plan fields that set the arithmetic precision. A group that varies them compares dtypes (AMP against TF32, a
+# 2-8x peak difference that any model ranks right), so the layout summary leaves it out.
+PRECISION_FIELDS = ("dtype", "grad_dtype")
+
+
+def _varies(plans: Sequence[Plan]) -> list[str]:
+    """The plan fields (after defaults are resolved) that differ within a group."""
+    resolved = [p.to_dict() for p in plans]
+    return [name for name in resolved[0] if len({str(r[name]) for r in resolved}) > 1]
+
+
+def is_layout_group(group: dict[str, Any]) -> bool:
+    """Alternative plans at one precision: they differ in parallel layout, micro-batch, recomputation, ..."""
+    return bool(group["varies"]) and not any(name in PRECISION_FIELDS for name in group["varies"])
+
+
+def median_spearman(results: Sequence[Result], layout_only: bool = False) -> float | None:
+    """Median within-group Spearman over all plan groups (or only the groups at one precision)."""
+    rhos = [g["spearman"] for g in plan_groups(results)
+            if g["spearman"] is not None and (not layout_only or is_layout_group(g))]
     return statistics.median(rhos) if rhos else None
 
 

@@ -23,6 +23,7 @@ from dlperf.validate import (
     Row,
     average_ranks,
     default_files,
+    is_layout_group,
     evaluate,
     load_dataset,
     load_pending,
@@ -93,7 +94,7 @@ def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
 
 def test_builtin_dataset_loads_with_unique_ids_and_known_units():
     rows, pending = load_dataset(), load_pending()
-    assert (len(rows), len(pending)) == (231, 112)
+    assert (len(rows), len(pending)) == (269, 112)
     assert len({r.id for r in [*rows, *pending]}) == len(rows) + len(pending)
     assert {r.unit for r in [*rows, *pending]} <= set(UNITS)
     assert all(r.citation for r in [*rows, *pending])
@@ -129,6 +130,9 @@ def test_new_sources_carry_the_published_figures():
     full, present = rows["korthikanti2022-t5-22b-full"], rows["korthikanti2022-t5-22b-selective-sp"]
     assert (full.value, present.value) == (1.42, 1.10)
     assert (present.plan.recompute, present.plan.sequence_parallel, present.plan.tp) == ("selective", True, 8)
+    # BigScience tr11 prequel, 'Tweaking TP' (02-25): DP 16, TP 2, PP 12, MBS 2 on 48 nodes at GBS 2048: 112.50 s/it.
+    bloom = rows["bloom-prequel-02-25-h14336-l72-a64-dp16-tp2-pp12-mb2-gbs2048"]
+    assert (bloom.value, bloom.plan.devices, bloom.sets["layers"]) == (112.50, 384, 72)
     pending = {p.id: p for p in load_pending()}
     # torchtitan docs/performance.md Table 2: FSDP 2 x CP 4 at seq 131072 on 8 H100s, 1,071 TPS/GPU.
     cp = pending["torchtitan-t2-8b-fsdp2-cp4"]
@@ -278,7 +282,7 @@ def test_spearman_is_bounded_and_symmetric(pairs):
 
 def plan_result(value: float, predicted: float, devices: int, group: str | None = None, tp: int = 1) -> Result:
     row = Row(id=f"r{value}", source="s", citation="c", where="w", evidence="verified", tags=(), model="gpt",
-              sets={}, hardware="dgx-a100", plan=Plan(devices=devices, tp=tp, global_batch=8), value=value,
+              sets={}, hardware="dgx-a100", plan=Plan(devices=devices, tp=tp, global_batch=64), value=value,
               unit="samples_per_s", group=group)
     return Result(row, predicted)
 
@@ -293,6 +297,19 @@ def test_plan_groups_by_job_and_explicit_group():
     # predictions that cannot tell plans apart rank nothing: rho 0, a miss
     assert plan_groups([plan_result(10, 2, 8), plan_result(20, 2, 8, tp=2)])[0]["spearman"] == 0.0
     assert median_spearman(results) == pytest.approx(0.5)
+    assert group["varies"] == ["dp", "tp", "micro_batch"] and is_layout_group(group)
+
+
+def test_layout_summary_leaves_out_groups_that_compare_dtypes():
+    amp = plan_result(20, 2, 8)
+    tf32 = Result(Row(**{**amp.row.__dict__, "id": "tf32", "value": 10.0,
+                         "plan": amp.row.plan.with_(dtype="tf32")}), 1.0)
+    tp2, tp4 = plan_result(30, 1, 16), plan_result(40, 2, 16, tp=2)     # ranked backwards: rho -1
+    tp4 = Result(tp4.row, 0.5)
+    groups = plan_groups([amp, tf32, tp2, tp4])
+    assert [g["varies"] for g in groups] == [["dtype"], ["dp", "tp", "micro_batch"]]
+    assert median_spearman([amp, tf32, tp2, tp4]) == pytest.approx(0.0)          # median of 1 and -1
+    assert median_spearman([amp, tf32, tp2, tp4], layout_only=True) == pytest.approx(-1.0)
 
 
 def test_pending_rows_are_listed_not_scored(tmp_path, capsys):
@@ -334,7 +351,8 @@ def test_command_json_report_for_a_user_file(tmp_path, capsys):
     assert [s["source"] for s in out["summary"]] == ["fixture", "overall"]
     errors = [abs(r["error_pct"]) for r in out["rows"]]
     assert out["summary"][-1]["mean_abs_error_pct"] == pytest.approx(statistics.fmean(errors))
-    assert (out["groups"], out["median_spearman"], out["pending"]) == ([], None, [])
+    assert (out["groups"], out["median_spearman"], out["median_spearman_layout"], out["pending"]) == (
+        [], None, None, [])
 
 
 def test_command_max_error_sets_the_exit_status(tmp_path, capsys):
@@ -440,6 +458,17 @@ def test_zero3_vs_ptdp_rows_within_10_percent(results):
 def test_zero3_vs_ptdp_plans_rank_right(results):
     chosen = [r for r in results if r.row.source == "narayanan2021-table2"]
     assert median_spearman(chosen) >= 0.9
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BigScience tr11 topology search (38 rows, 384 A100s, one model and batch, many DP x TP x PP x MBS plans): "
+    "MAE 24.7%, every plan predicted too fast (-10..-47%); median within-group Spearman 0.0 over 8 groups "
+    "(-1.0 to +1.0): the spread the hardware shows (92-146 s for one model) comes from per-micro-batch and "
+    "pipeline-stage fixed costs and head-count-dependent kernels (fused softmax), which dlperf prices as nearly "
+    "equal; with NHEADS 128 the measured time rises 40% and dlperf sees 2%"))
+def test_bloom_topology_plans_rank_right(results):
+    chosen = [r for r in results if r.row.source == "bigscience-tr11-prequel"]
+    assert median_spearman(chosen) >= 0.9 and mean_abs_error(chosen) <= 10.0
 
 
 def test_mixed_precision_pairs_rank_right(results):

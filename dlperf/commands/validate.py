@@ -39,6 +39,7 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
     from dlperf.errors import DlperfError
     from dlperf.validate import (
         evaluate,
+        is_layout_group,
         load_all,
         mean_abs_error,
         median_spearman,
@@ -61,19 +62,21 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
         raise DlperfError("no rows match the --source/--tag filters", expected=f"a source among {known}",
                           found=",".join(sources + tags))
     results = evaluate(chosen, universe=rows)
-    per_row, stats, rho = result_rows(results), summary(results), median_spearman(results)
+    per_row, stats, groups = result_rows(results), summary(results), plan_groups(results)
+    rho, layout_rho = median_spearman(results), median_spearman(results, layout_only=True)
     if fmt == "json":
-        click.echo(to_json({"rows": per_row, "summary": stats, "groups": plan_groups(results),
-                            "median_spearman": rho, "pending": pending_rows(waiting)}))
+        click.echo(to_json({"rows": per_row, "summary": stats, "groups": groups, "median_spearman": rho,
+                            "median_spearman_layout": layout_rho, "pending": pending_rows(waiting)}))
     elif fmt == "csv":
         click.echo(render(per_row, "csv", ROW_COLUMNS), nl=False)
     else:
         click.echo(render(per_row, "table", ROW_COLUMNS, title="Predicted vs measured (error = signed %)"))
         click.echo()
         click.echo(render(stats, "table", title="Absolute % error per source"))
-        overall = stats[-1]
-        click.echo("median within-group Spearman (alternative plans for one model, cluster and batch): "
-                   + (f"{rho:.2f} over {overall['groups']} groups" if rho is not None else "no groups"))
+        click.echo(_spearman_line("median within-group Spearman (alternative plans for one model, cluster and batch)",
+                                  rho, [g for g in groups if g["spearman"] is not None]))
+        click.echo(_spearman_line("  only groups at one precision (parallel layout, micro-batch, recomputation vary)",
+                                  layout_rho, [g for g in groups if g["spearman"] is not None and is_layout_group(g)]))
         if waiting:
             click.echo()
             _echo_pending(waiting, fmt)
@@ -86,12 +89,16 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
         sys.exit(1)
 
 
+def _spearman_line(label: str, rho: float | None, groups: list) -> str:
+    return f"{label}: " + (f"{rho:.2f} over {len(groups)} groups" if rho is not None else "no groups")
+
+
 def _echo_pending(waiting: list, fmt: str) -> None:
     from dlperf.validate import pending_rows
 
     if fmt == "json":
         click.echo(to_json({"rows": [], "summary": [], "groups": [], "median_spearman": None,
-                            "pending": pending_rows(waiting)}))
+                            "median_spearman_layout": None, "pending": pending_rows(waiting)}))
     elif fmt == "csv":
         click.echo(render(pending_rows(waiting), "csv", PENDING_COLUMNS), nl=False)
     else:
