@@ -461,9 +461,9 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 
 def group_key(row: Row) -> tuple[Any, ...]:
     """Rows that are alternative plans for one job: same source, model and `set:`, hardware, device count,
-    global batch and unit; or an explicit `group:` name within the source."""
+    global batch and unit; or an explicit `group:` name within the source (and unit)."""
     if row.group is not None:
-        return (row.source, row.group)
+        return (row.source, row.group, row.unit)
     return (row.source, row.model, tuple(sorted(row.sets.items())), row.hardware, row.plan.devices,
             row.plan.global_batch, row.unit)
 
