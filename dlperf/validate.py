@@ -7,6 +7,15 @@ dlperf/data/validation/*.yaml, so it ships in the wheel; a user can pass their o
 
 Absolute units compare one prediction with one measurement. Ratio units (speedup, scaling_efficiency) compare
 the ratio of two predictions, this row and its `baseline:` row, with the measured ratio.
+
+A row with `pending:` (feature name -> why) is a published measurement of something dlperf does not model yet
+(FP8, MoE, context parallelism, a model not built in): it is loaded, listed and checked for its citation, but not
+predicted or scored, and its plan may use keys the Plan does not have yet. Removing `pending:` turns it on.
+
+Plan ranking: rows measured on the same source, model (and `set:`), hardware, device count, global batch and
+absolute unit, with different plans, form a group (or the rows sharing an explicit `group:` name do); the Spearman
+rank correlation between measured and predicted within each group says whether dlperf orders alternative plans
+the way the hardware did, which is what plan search relies on.
 """
 
 from __future__ import annotations
@@ -33,7 +42,10 @@ ABSOLUTE_UNITS = {
     "samples_per_s": "throughput_samples_per_s",
     "tflops_per_gpu": "matrix_tflops_per_device",
     "mfu": "mfu",
+    "tokens_per_s": "throughput_samples_per_s",   # x the sequence length (the model's input length)
+    "tokens_per_s_per_device": "throughput_samples_per_s",   # x the sequence length / devices
 }
+PER_TOKEN_UNITS = ("tokens_per_s", "tokens_per_s_per_device")
 # speedup = throughput(row) / throughput(baseline). scaling_efficiency = per-device FLOP rate of the row over
 # that of the baseline (a fraction): for one model this is the per-device throughput ratio (strong or weak
 # scaling), and across models it is the weak-scaling definition Megatron-LM's tables use.
@@ -46,7 +58,7 @@ EVIDENCE = ("verified", "secondary", "unverified")
 TOP_KEYS = ("sources", "rows")
 SOURCE_KEYS = ("citation",)
 ROW_KEYS = ("id", "source", "where", "evidence", "tags", "model", "set", "hardware", "plan", "measured",
-            "baseline", "note")
+            "baseline", "note", "group", "pending")
 ROW_REQUIRED = ("id", "source", "where", "evidence", "model", "hardware", "plan", "measured")
 MEASURED_KEYS = ("value", "unit")
 PLAN_FIELDS = {f.name: f for f in fields(Plan)}
@@ -74,10 +86,33 @@ class Row:
     note: str = ""
     file: str = ""
     line: int = 0
+    group: str | None = None
 
     @property
     def is_ratio(self) -> bool:
         return self.unit in RATIO_UNITS
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A published measurement dlperf cannot predict yet: listed with what it waits for, never scored."""
+
+    id: str
+    source: str
+    citation: str
+    where: str
+    evidence: str
+    model: str
+    sets: dict[str, int]
+    hardware: str
+    plan: dict[str, Any]
+    value: float
+    unit: str
+    waits_for: dict[str, str]
+    tags: tuple[str, ...] = ()
+    note: str = ""
+    file: str = ""
+    line: int = 0
 
 
 @dataclass
@@ -101,16 +136,33 @@ def default_files() -> list[Path]:
 
 def load_dataset(paths: Iterable[str | Path] | None = None) -> list[Row]:
     """Load and check dataset files (the built-in ones when `paths` is None); ids are unique across files
-    and every `baseline:` names a row with an absolute unit."""
+    and every `baseline:` names a row with an absolute unit. Rows marked `pending:` are left out (see
+    load_pending)."""
+    return load_all(paths)[0]
+
+
+def load_pending(paths: Iterable[str | Path] | None = None) -> list[Pending]:
+    """The `pending:` rows of the same files: checked like the others, but not predicted."""
+    return load_all(paths)[1]
+
+
+def load_all(paths: Iterable[str | Path] | None = None) -> tuple[list[Row], list[Pending]]:
     files = [Path(p) for p in paths] if paths else default_files()
     rows: list[Row] = []
+    pending: list[Pending] = []
     for path in files:
-        rows.extend(load_file(path))
-    _check_links(rows)
-    return rows
+        scored, waiting = _load_file(path)
+        rows.extend(scored)
+        pending.extend(waiting)
+    _check_links(rows, pending)
+    return rows, pending
 
 
 def load_file(path: str | Path) -> list[Row]:
+    return _load_file(path)[0]
+
+
+def _load_file(path: str | Path) -> tuple[list[Row], list[Pending]]:
     file = str(path)
     data = load_yaml_file(Path(path))
     check_keys(data, TOP_KEYS, file, "", required=TOP_KEYS)
@@ -119,7 +171,14 @@ def load_file(path: str | Path) -> list[Row]:
     if not isinstance(items, list) or not items:
         raise SpecError(expected="a non-empty list of rows", found=items, file=file, line=line_of(data, "rows"),
                         field="rows")
-    return [_row(item, sources, file, f"rows[{i}]") for i, item in enumerate(items)]
+    rows: list[Row] = []
+    pending: list[Pending] = []
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and "pending" in item:
+            pending.append(_pending(item, sources, file, f"rows[{i}]"))
+        else:
+            rows.append(_row(item, sources, file, f"rows[{i}]"))
+    return rows, pending
 
 
 def _sources(node: Any, file: str) -> dict[str, str]:
@@ -151,19 +210,52 @@ def _text(node: dict, key: str, where: str, file: str) -> str:
     return value.strip()
 
 
-def _row(node: Any, sources: dict[str, str], file: str, where: str) -> Row:
+def _common(node: Any, sources: dict[str, str], file: str, where: str) -> tuple[str, str, str]:
+    """Checks shared by scored and pending rows; returns (id, source, the row's location name)."""
     check_keys(node, ROW_KEYS, file, where, required=ROW_REQUIRED)
     row_id = _text(node, "id", where, file)
     where = f"rows[{row_id}]"
     source = _text(node, "source", where, file)
     if source not in sources:
         raise _fail(node, "source", where, file, "a name listed under sources: (" + ", ".join(sources) + ")")
-    evidence = node["evidence"]
-    if evidence not in EVIDENCE:
+    if node["evidence"] not in EVIDENCE:
         raise _fail(node, "evidence", where, file, "one of " + ", ".join(EVIDENCE))
+    note = node.get("note", "")
+    if not isinstance(note, str):
+        raise _fail(node, "note", where, file, "a string")
+    return row_id, source, where
+
+
+def _tags(node: dict, where: str, file: str) -> tuple[str, ...]:
     tags = node.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
         raise _fail(node, "tags", where, file, "a list of tag names")
+    return tuple(tags)
+
+
+def _pending(node: Any, sources: dict[str, str], file: str, where: str) -> Pending:
+    row_id, source, where = _common(node, sources, file, where)
+    waits = node["pending"]
+    if not isinstance(waits, dict) or not waits or not all(
+            isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in waits.items()):
+        raise _fail(node, "pending", where, file, "a mapping of missing feature to the reason, e.g. {fp8: \"...\"}")
+    plan = node["plan"]
+    if not isinstance(plan, dict):
+        raise _fail(node, "plan", where, file, "a mapping of plan fields")
+    value, unit = _measured(node, where, file)
+    return Pending(
+        id=row_id, source=source, citation=sources[source], where=_text(node, "where", where, file),
+        evidence=node["evidence"], model=_text(node, "model", where, file), sets=_sets(node, where, file),
+        hardware=_text(node, "hardware", where, file), plan=dict(plan), value=value, unit=unit,
+        waits_for={str(k): v.strip() for k, v in waits.items()}, tags=_tags(node, where, file),
+        note=node.get("note", ""), file=file, line=line_of(node) or 0,
+    )
+
+
+def _row(node: Any, sources: dict[str, str], file: str, where: str) -> Row:
+    row_id, source, where = _common(node, sources, file, where)
+    evidence = node["evidence"]
+    tags = _tags(node, where, file)
     value, unit = _measured(node, where, file)
     baseline = node.get("baseline")
     if unit in RATIO_UNITS and not isinstance(baseline, str):
@@ -171,15 +263,15 @@ def _row(node: Any, sources: dict[str, str], file: str, where: str) -> Row:
                     f"a baseline: row id (unit {unit} is a ratio of two predictions)")
     if unit in ABSOLUTE_UNITS and baseline is not None:
         raise _fail(node, "baseline", where, file, f"no baseline for the absolute unit {unit}")
-    note = node.get("note", "")
-    if not isinstance(note, str):
-        raise _fail(node, "note", where, file, "a string")
+    group = node.get("group")
+    if group is not None and (not isinstance(group, str) or not group.strip() or unit in RATIO_UNITS):
+        raise _fail(node, "group", where, file, "a group name (on a row with an absolute unit)")
     return Row(
         id=row_id, source=source, citation=sources[source], where=_text(node, "where", where, file),
         evidence=evidence, tags=tuple(tags), model=_text(node, "model", where, file),
         sets=_sets(node, where, file), hardware=_text(node, "hardware", where, file),
-        plan=_plan(node, where, file), value=value, unit=unit, baseline=baseline, note=note,
-        file=file, line=line_of(node) or 0,
+        plan=_plan(node, where, file), value=value, unit=unit, baseline=baseline, note=node.get("note", ""),
+        file=file, line=line_of(node) or 0, group=group.strip() if group else None,
     )
 
 
@@ -228,9 +320,9 @@ def _plan(node: dict, where: str, file: str) -> Plan:
         raise err.located(file=file, line=line_of(node, "plan"), field=inner) from None
 
 
-def _check_links(rows: Sequence[Row]) -> None:
-    by_id: dict[str, Row] = {}
-    for row in rows:
+def _check_links(rows: Sequence[Row], pending: Sequence[Pending] = ()) -> None:
+    by_id: dict[str, Row | Pending] = {}
+    for row in [*rows, *pending]:
         if row.id in by_id:
             first = by_id[row.id]
             raise SpecError(f"duplicate row id (first at {first.file}:{first.line})", file=row.file, line=row.line,
@@ -240,13 +332,13 @@ def _check_links(rows: Sequence[Row]) -> None:
         if row.baseline is None:
             continue
         base = by_id.get(row.baseline)
-        if base is None or base.is_ratio:
+        if not isinstance(base, Row) or base.is_ratio:
             raise SpecError(expected="the id of a row with an absolute unit", found=row.baseline, file=row.file,
                             line=row.line, field=f"rows[{row.id}].baseline")
 
 
-def select(rows: Sequence[Row], sources: Sequence[str] = (), tags: Sequence[str] = ()) -> list[Row]:
-    """Rows from any of `sources` (all when empty) carrying every tag in `tags`."""
+def select(rows: Sequence[Any], sources: Sequence[str] = (), tags: Sequence[str] = ()) -> list[Any]:
+    """Rows (scored or pending) from any of `sources` (all when empty) carrying every tag in `tags`."""
     return [r for r in rows if (not sources or r.source in sources) and all(t in r.tags for t in tags)]
 
 
@@ -261,7 +353,7 @@ def evaluate(rows: Sequence[Row], universe: Sequence[Row] | None = None) -> list
     def prediction(row: Row) -> Any:
         if row.id not in cache:
             cache[row.id] = _predict(row)
-        return cache[row.id]
+        return cache[row.id][0]
 
     results = []
     for row in rows:
@@ -272,18 +364,28 @@ def evaluate(rows: Sequence[Row], universe: Sequence[Row] | None = None) -> list
             value = float(getattr(pred, metric)) / float(getattr(base, metric))
         else:
             value = float(getattr(pred, ABSOLUTE_UNITS[row.unit]))
+            if row.unit in PER_TOKEN_UNITS:
+                value *= cache[row.id][1]
+            if row.unit == "tokens_per_s_per_device":
+                value /= row.plan.devices
         notes = [] if pred.fits else ["predicted memory exceeds the device"]
         results.append(Result(row, value, notes))
     return results
 
 
-def _predict(row: Row) -> Any:
+def _predict(row: Row) -> tuple[Any, int]:
+    """The prediction and the tokens per sample: a sequence model's input length (per-token units need one)."""
     from dlperf.engine import predict
     from dlperf.spec.hardware import load_hardware
     from dlperf.spec.model import load_model
 
     try:
-        return predict(load_model(row.model, row.sets), load_hardware(row.hardware), row.plan)
+        model = load_model(row.model, row.sets)
+        if row.unit in PER_TOKEN_UNITS and len(model.input_shape) != 1:
+            raise SpecError(f"unit {row.unit} needs a sequence model", expected="a model whose input is [seq]",
+                            found=list(model.input_shape))
+        tokens = int(model.input_shape[0]) if len(model.input_shape) == 1 else 1
+        return predict(model, load_hardware(row.hardware), row.plan), tokens
     except DlperfError as err:
         raise err.located(file=row.file, line=row.line, field=f"rows[{row.id}]") from None
 
@@ -297,24 +399,127 @@ def result_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
 
 
 def summary(results: Sequence[Result]) -> list[dict[str, Any]]:
-    """Per source (in first-seen order) and overall: count, mean/median/max absolute % error, mean signed %."""
-    groups: dict[str, list[Result]] = {}
+    """Per source (in first-seen order) and overall: count, mean/median/max absolute % error, mean signed %,
+    the number of plan groups and the median within-group Spearman rank correlation (None without groups)."""
+    by_source: dict[str, list[Result]] = {}
     for r in results:
-        groups.setdefault(r.row.source, []).append(r)
-    out = [_stats(name, group) for name, group in groups.items()]
+        by_source.setdefault(r.row.source, []).append(r)
+    ranked = plan_groups(results)
+    out = [_stats(name, chosen, [g for g in ranked if g["source"] == name]) for name, chosen in by_source.items()]
     if results:
-        out.append(_stats("overall", list(results)))
+        out.append(_stats("overall", list(results), ranked))
     return out
 
 
-def _stats(name: str, results: Sequence[Result]) -> dict[str, Any]:
+def _stats(name: str, results: Sequence[Result], ranked: Sequence[dict[str, Any]]) -> dict[str, Any]:
     errors = [r.error_pct for r in results]
     absolute = [abs(e) for e in errors]
+    rhos = [g["spearman"] for g in ranked if g["spearman"] is not None]
     return {
         "source": name, "count": len(errors), "mean_abs_error_pct": statistics.fmean(absolute),
         "median_abs_error_pct": statistics.median(absolute), "max_abs_error_pct": max(absolute),
-        "mean_signed_error_pct": statistics.fmean(errors),
+        "mean_signed_error_pct": statistics.fmean(errors), "groups": len(rhos),
+        "spearman_median": statistics.median(rhos) if rhos else None,
     }
+
+
+# ----------------------------------------------------------------------------------------------- plan ranking
+
+
+def average_ranks(values: Sequence[float]) -> list[float]:
+    """Ranks 1..n in ascending order; tied values share the mean of the ranks they span."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for k in range(start, end + 1):
+            ranks[order[k]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rho with ties: the Pearson correlation of average ranks (Spearman 1904; the tie-corrected form,
+    e.g. Kendall & Gibbons, Rank Correlation Methods, ch. 3). None when either side has no spread: then there
+    is no ordering to compare."""
+    if len(xs) != len(ys):
+        raise ValueError(f"spearman needs equal lengths, got {len(xs)} and {len(ys)}")
+    if len(xs) < 2:
+        return None
+    rx, ry = average_ranks(xs), average_ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / math.sqrt(sxx * syy)
+
+
+def group_key(row: Row) -> tuple[Any, ...]:
+    """Rows that are alternative plans for one job: same source, model and `set:`, hardware, device count,
+    global batch and unit; or an explicit `group:` name within the source (and unit)."""
+    if row.group is not None:
+        return (row.source, row.group, row.unit)
+    return (row.source, row.model, tuple(sorted(row.sets.items())), row.hardware, row.plan.devices,
+            row.plan.global_batch, row.unit)
+
+
+def plan_groups(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """Every group of two or more absolute-unit rows with its Spearman rho between measured and predicted.
+
+    rho is None when the measurements are all equal (nothing to rank); when only the predictions are all
+    equal, rho is 0: dlperf cannot tell the plans apart, which is a miss, not a pass."""
+    groups: dict[tuple[Any, ...], list[Result]] = {}
+    for r in results:
+        if not r.row.is_ratio:
+            groups.setdefault(group_key(r.row), []).append(r)
+    out = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        measured = [m.row.value for m in members]
+        predicted = [m.predicted for m in members]
+        rho = spearman(measured, predicted)
+        if rho is None and len(set(measured)) > 1:
+            rho = 0.0
+        out.append({"source": members[0].row.source, "ids": [m.row.id for m in members], "count": len(members),
+                    "unit": members[0].row.unit, "varies": _varies([m.row.plan for m in members]),
+                    "spearman": rho})
+    return out
+
+
+# Plan fields that set the arithmetic precision. A group that varies them compares dtypes (AMP against TF32, a
+# 2-8x peak difference that any model ranks right), so the layout summary leaves it out.
+PRECISION_FIELDS = ("dtype", "grad_dtype")
+
+
+def _varies(plans: Sequence[Plan]) -> list[str]:
+    """The plan fields (after defaults are resolved) that differ within a group."""
+    resolved = [p.to_dict() for p in plans]
+    return [name for name in resolved[0] if len({str(r[name]) for r in resolved}) > 1]
+
+
+def is_layout_group(group: dict[str, Any]) -> bool:
+    """Alternative plans at one precision: they differ in parallel layout, micro-batch, recomputation, ..."""
+    return bool(group["varies"]) and not any(name in PRECISION_FIELDS for name in group["varies"])
+
+
+def median_spearman(results: Sequence[Result], layout_only: bool = False) -> float | None:
+    """Median within-group Spearman over all plan groups (or only the groups at one precision)."""
+    rhos = [g["spearman"] for g in plan_groups(results)
+            if g["spearman"] is not None and (not layout_only or is_layout_group(g))]
+    return statistics.median(rhos) if rhos else None
+
+
+def pending_rows(pending: Sequence[Pending]) -> list[dict[str, Any]]:
+    return [{
+        "id": p.id, "source": p.source, "model": p.model, "hardware": p.hardware, "unit": p.unit,
+        "measured": p.value, "waits_for": ",".join(p.waits_for), "evidence": p.evidence,
+    } for p in pending]
 
 
 def mean_abs_error(results: Sequence[Result]) -> float:

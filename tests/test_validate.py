@@ -21,11 +21,17 @@ from dlperf.validate import (
     UNITS,
     Result,
     Row,
+    average_ranks,
     default_files,
     evaluate,
+    is_layout_group,
     load_dataset,
+    load_pending,
     mean_abs_error,
+    median_spearman,
+    plan_groups,
     select,
+    spearman,
     summary,
 )
 
@@ -87,11 +93,51 @@ def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
 
 
 def test_builtin_dataset_loads_with_unique_ids_and_known_units():
-    rows = load_dataset()
-    assert len(rows) == 79
-    assert len({r.id for r in rows}) == len(rows)
-    assert {r.unit for r in rows} <= set(UNITS)
-    assert all(r.citation for r in rows)
+    rows, pending = load_dataset(), load_pending()
+    assert (len(rows), len(pending)) == (287, 112)
+    assert len({r.id for r in [*rows, *pending]}) == len(rows) + len(pending)
+    assert {r.unit for r in [*rows, *pending]} <= set(UNITS)
+    assert all(r.citation for r in [*rows, *pending])
+    assert all(p.waits_for and all(p.waits_for.values()) for p in pending)
+
+
+@pytest.mark.parametrize(("sets", "num_params"), [
+    # llm-foundry benchmarking README, NumParams column (rows: size | SeqLen)
+    ({"hidden": 768, "heads": 12, "layers": 12, "seq": 512}, 124131840),          # 125m | 512
+    ({"hidden": 1536, "heads": 12, "layers": 24, "seq": 32768}, 807656448),       # 760m | 32768
+    ({"hidden": 2048, "heads": 16, "layers": 24, "seq": 2048}, 1315950592),       # 1b | 2048
+    ({"hidden": 4096, "heads": 32, "layers": 32, "seq": 2048}, 6658859008),       # 7b | 2048
+    ({"hidden": 7168, "heads": 56, "layers": 48, "seq": 8192}, 30019254272),      # 30b | 8192
+    ({"hidden": 8192, "heads": 64, "layers": 80, "seq": 2048}, 64862437376),      # 70b | 2048
+])
+def test_mpt_model_has_the_benchmarked_parameter_counts(sets, num_params):
+    from dlperf.spec.model import load_model
+
+    assert load_model("mpt", sets).total_params == num_params
+
+
+def test_new_sources_carry_the_published_figures():
+    rows = {r.id: r for r in load_dataset()}
+    # llm-foundry README, "A100 80GB ... (RoCE)" table, row 1b | 2048 | 8 GPUs | MicroBatchSize 14 | GradAccum 4.
+    mpt = rows["llmfoundry-a100-1b-s2048-g8-mb14"]
+    assert (mpt.value, mpt.unit) == (164109, "tokens_per_s")
+    assert mpt.plan == Plan(devices=8, dp=8, global_batch=448, micro_batch=14, zero=3, dtype="bf16")
+    assert (mpt.model, mpt.sets) == ("mpt", {"hidden": 2048, "heads": 16, "layers": 24, "seq": 2048})
+    # Narayanan 2021 Table 2: ZeRO-3 on 1536 GPUs reaches 44 TF/s per GPU at batch 1536, microbatch 1.
+    zero3 = rows["narayanan2021-t2-175b-zero3-1536"]
+    assert (zero3.value, zero3.plan.zero, zero3.plan.data_parallel, zero3.plan.micro) == (44, 3, 1536, 1)
+    # Korthikanti 2022 Table 5 (22B, t 8 on 8 GPUs, batch 4): 1.42 s with full recompute, 1.10 s selective + SP.
+    full, present = rows["korthikanti2022-t5-22b-full"], rows["korthikanti2022-t5-22b-selective-sp"]
+    assert (full.value, present.value) == (1.42, 1.10)
+    assert (present.plan.recompute, present.plan.sequence_parallel, present.plan.tp) == ("selective", True, 8)
+    # BigScience tr11 prequel, 'Tweaking TP' (02-25): DP 16, TP 2, PP 12, MBS 2 on 48 nodes at GBS 2048: 112.50 s/it.
+    bloom = rows["bloom-prequel-02-25-h14336-l72-a64-dp16-tp2-pp12-mb2-gbs2048"]
+    assert (bloom.value, bloom.plan.devices, bloom.sets["layers"]) == (112.50, 384, 72)
+    pending = {p.id: p for p in load_pending()}
+    # torchtitan docs/performance.md Table 2: FSDP 2 x CP 4 at seq 131072 on 8 H100s, 1,071 TPS/GPU.
+    cp = pending["torchtitan-t2-8b-fsdp2-cp4"]
+    assert (cp.value, cp.plan["cp"], cp.sets["seq"]) == (1071, 4, 131072)
+    assert {"cp", "fp8", "llama3-8b"} <= set(cp.waits_for)
 
 
 def test_builtin_rows_carry_the_published_figures():
@@ -158,9 +204,12 @@ def test_signed_error_and_summary_are_hand_computed():
     results = [fake(100, 110, "a"), fake(200, 150, "a"), fake(10, 10.5, "b")]
     assert [r.error_pct for r in results] == pytest.approx([10.0, -25.0, 5.0])
     a, b, overall = summary(results)
+    # source a: the two rows share model, hardware, devices, batch and unit -> one plan group, ranked right
     assert a == pytest.approx({"source": "a", "count": 2, "mean_abs_error_pct": 17.5, "median_abs_error_pct": 17.5,
-                               "max_abs_error_pct": 25.0, "mean_signed_error_pct": -7.5})
+                               "max_abs_error_pct": 25.0, "mean_signed_error_pct": -7.5, "groups": 1,
+                               "spearman_median": 1.0})
     assert (b["source"], b["count"], b["max_abs_error_pct"]) == ("b", 1, pytest.approx(5.0))
+    assert (b["groups"], b["spearman_median"]) == (0, None)
     assert overall["source"] == "overall" and overall["count"] == 3
     assert overall["mean_abs_error_pct"] == pytest.approx(40 / 3)
     assert overall["median_abs_error_pct"] == pytest.approx(10.0)
@@ -171,8 +220,10 @@ def test_signed_error_and_summary_are_hand_computed():
 def test_summary_statistics_are_ordered(pairs):
     stats = summary([fake(m, p) for m, p in pairs])[-1]
     assert stats["count"] == len(pairs)
-    assert stats["median_abs_error_pct"] <= stats["max_abs_error_pct"] + 1e-9
-    assert stats["mean_abs_error_pct"] <= stats["max_abs_error_pct"] + 1e-9
+    # fmean of equal values may exceed them by an ulp: compare with a relative floating-point slack
+    slack = stats["max_abs_error_pct"] * 1e-12 + 1e-9
+    assert stats["median_abs_error_pct"] <= stats["max_abs_error_pct"] + slack
+    assert stats["mean_abs_error_pct"] <= stats["max_abs_error_pct"] + slack
     assert abs(stats["mean_signed_error_pct"]) <= stats["mean_abs_error_pct"] + 1e-9
 
 
@@ -199,6 +250,96 @@ def test_select_filters_by_source_and_every_tag():
     assert len(single) == 4 and all(r.plan.devices == 1 for r in single)
 
 
+# ----------------------------------------------------------------------------------------- plan ranking
+
+
+def test_average_ranks_share_ties():
+    assert average_ranks([3, 1, 3, 2]) == [3.5, 1.0, 3.5, 2.0]
+    assert average_ranks([5, 5, 5]) == [2.0, 2.0, 2.0]
+
+
+def test_spearman_is_hand_computed():
+    # No ties: 1 - 6*sum(d^2)/(n(n^2-1)) = 1 - 6*2/60 = 0.8.
+    assert spearman([10, 20, 30, 40], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert spearman([1, 2, 3], [9, 5, 1]) == pytest.approx(-1.0)
+    # Ties: ranks [1,2,3,4,5] vs [1,2,3.5,5,3.5]; Pearson of ranks = 8 / sqrt(10 * 9.5).
+    assert spearman([1, 2, 3, 4, 5], [5, 6, 7, 8, 7]) == pytest.approx(8 / (10 * 9.5) ** 0.5)
+    assert spearman([1, 1, 1], [1, 2, 3]) is None       # nothing to rank
+    assert spearman([1], [2]) is None
+    with pytest.raises(ValueError):
+        spearman([1, 2], [1])
+
+
+@given(st.lists(st.tuples(st.floats(-1e6, 1e6), st.floats(-1e6, 1e6)), min_size=2, max_size=12))
+def test_spearman_is_bounded_and_symmetric(pairs):
+    xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+    rho = spearman(xs, ys)
+    if rho is not None:
+        assert -1 - 1e-9 <= rho <= 1 + 1e-9
+        assert spearman(ys, xs) == pytest.approx(rho)
+        assert spearman(xs, [-y for y in ys]) == pytest.approx(-rho)
+
+
+def plan_result(value: float, predicted: float, devices: int, group: str | None = None, tp: int = 1) -> Result:
+    row = Row(id=f"r{value}", source="s", citation="c", where="w", evidence="verified", tags=(), model="gpt",
+              sets={}, hardware="dgx-a100", plan=Plan(devices=devices, tp=tp, global_batch=64), value=value,
+              unit="samples_per_s", group=group)
+    return Result(row, predicted)
+
+
+def test_plan_groups_by_job_and_explicit_group():
+    results = [plan_result(10, 1, 8), plan_result(20, 3, 8, tp=2), plan_result(30, 2, 8, tp=4),
+               plan_result(40, 5, 16)]
+    (group,) = plan_groups(results)                     # the 16-device row is another cluster: no group of 2
+    assert group["count"] == 3 and group["spearman"] == pytest.approx(0.5)
+    joined = [plan_result(10, 1, 8, "g"), plan_result(40, 5, 16, "g")]
+    assert [g["spearman"] for g in plan_groups(joined)] == [pytest.approx(1.0)]
+    # predictions that cannot tell plans apart rank nothing: rho 0, a miss
+    assert plan_groups([plan_result(10, 2, 8), plan_result(20, 2, 8, tp=2)])[0]["spearman"] == 0.0
+    assert median_spearman(results) == pytest.approx(0.5)
+    assert group["varies"] == ["dp", "tp", "micro_batch"] and is_layout_group(group)
+
+
+def test_layout_summary_leaves_out_groups_that_compare_dtypes():
+    amp = plan_result(20, 2, 8)
+    tf32 = Result(Row(**{**amp.row.__dict__, "id": "tf32", "value": 10.0,
+                         "plan": amp.row.plan.with_(dtype="tf32")}), 1.0)
+    tp2, tp4 = plan_result(30, 1, 16), plan_result(40, 2, 16, tp=2)     # ranked backwards: rho -1
+    tp4 = Result(tp4.row, 0.5)
+    groups = plan_groups([amp, tf32, tp2, tp4])
+    assert [g["varies"] for g in groups] == [["dtype"], ["dp", "tp", "micro_batch"]]
+    assert median_spearman([amp, tf32, tp2, tp4]) == pytest.approx(0.0)          # median of 1 and -1
+    assert median_spearman([amp, tf32, tp2, tp4], layout_only=True) == pytest.approx(-1.0)
+
+
+def test_pending_rows_are_listed_not_scored(tmp_path, capsys):
+    text = TINY + """  - id: later
+    source: fixture
+    where: "n/a"
+    evidence: unverified
+    model: llama3-8b
+    hardware: dgx-h100
+    plan: {devices: 8, dp: 4, cp: 2, global_batch: 4, dtype: fp8}
+    measured: {value: 1000, unit: tokens_per_s_per_device}
+    pending: {fp8: "no FP8 GEMMs yet", cp: "no context parallelism yet"}
+"""
+    path = write(tmp_path, text)
+    assert [r.id for r in load_dataset([path])] == ["one", "eight"]
+    (later,) = load_pending([path])
+    assert later.waits_for == {"fp8": "no FP8 GEMMs yet", "cp": "no context parallelism yet"}
+    main(["validate", str(path), "--format", "json"])
+    out = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in out["rows"]] == ["one", "eight"]
+    assert [(p["id"], p["waits_for"]) for p in out["pending"]] == [("later", "fp8,cp")]
+    main(["validate", str(path)])
+    assert "Pending: 1 published rows dlperf does not model yet" in capsys.readouterr().out
+    for bad in ('{}', '{fp8: ""}', '[fp8]'):
+        broken = write(tmp_path, text.replace('{fp8: "no FP8 GEMMs yet", cp: "no context parallelism yet"}', bad),
+                       "broken.yaml")
+        with pytest.raises(DlperfError, match="expected a mapping of missing feature to the reason"):
+            load_dataset([broken])
+
+
 # ----------------------------------------------------------------------------------------- the command
 
 
@@ -210,6 +351,8 @@ def test_command_json_report_for_a_user_file(tmp_path, capsys):
     assert [s["source"] for s in out["summary"]] == ["fixture", "overall"]
     errors = [abs(r["error_pct"]) for r in out["rows"]]
     assert out["summary"][-1]["mean_abs_error_pct"] == pytest.approx(statistics.fmean(errors))
+    assert (out["groups"], out["median_spearman"], out["median_spearman_layout"], out["pending"]) == (
+        [], None, None, [])
 
 
 def test_command_max_error_sets_the_exit_status(tmp_path, capsys):
@@ -265,8 +408,8 @@ def mae(results: list[Result], *tags: str) -> float:
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "LLM hybrid-parallel MAE 14.3% (Narayanan Table 1 +13..+26% on TF/s, Megatron 2020 A100 iteration times -18..-26%, "
-    "GPT-3 175B -18% on time; V100 rows within ~14%): the A100 matmul efficiency (0.869, a best-shape 2024 BF16 "
+    "LLM hybrid-parallel MAE 13.9% (Narayanan Table 1 +13..+25% on TF/s, Megatron 2020 A100 iteration times -18..-25%, "
+    "GPT-3 175B -18% on time; V100 rows within ~15%): the A100 matmul efficiency (0.869, a best-shape 2024 BF16 "
     "MAMF) is too high for the 2020-21 Megatron kernels, which reached 44-52% of peak end to end"))
 def test_llm_hybrid_rows_within_10_percent(results):
     assert mae(results, "llm-hybrid") <= 10.0
@@ -281,3 +424,55 @@ def test_cnn_and_bert_data_parallel_rows_within_15_percent(results):
 
 
 # The pipeline-speedup tolerance (15%) is tested in tests/test_validate_pipeline.py on the torchgpipe rows.
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "MPT/FSDP MAE 51.3% over 131 rows, every row too fast (+5..+137%; llm-foundry H100 63.5%, A100 80GB 37.3%): "
+    "GEMMs and FlashAttention run at the MAMF ceiling (0.869 A100, 0.803 H100) where MPT measured 40-60% MFU, the "
+    "error grows as the model shrinks (A100 125M +58..+61%, 13-30B +5..+58%: small kernels have no fixed cost) and "
+    "on H100, and FSDP's all-gathers are hidden behind compute (comm/dp_allreduce < 1 ms)"))
+def test_fsdp_llm_rows_within_10_percent(results):
+    assert mae(results, "llm-fsdp") <= 10.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Korthikanti 2022 Table 5 MAE 10.6% over 9 rows, every iteration predicted too short (-5..-17%, selective + "
+    "SP rows -9..-17%, full recompute -5..-9%): the A100 GEMM efficiency (0.869 MAMF) is above what the 2022 "
+    "Megatron kernels reached (41.5-56.3% MFU); the plan ranking within each model is right (Spearman 1)"))
+def test_korthikanti_rows_within_10_percent(results):
+    assert mae(results, "llm-hybrid-2022") <= 10.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Narayanan 2021 Table 2 MAE 117%: ZeRO-3 rows +69..+424% (predicted ~231-250 TF/s per GPU at any GPU count, "
+    "measured 144 -> 44 on 384 -> 1536 GPUs): the engine's exposed data-parallel time for zero 3 is ~0.5 ms, i.e. "
+    "the per-layer parameter all-gathers and the gradient reduce-scatter over InfiniBand are hidden entirely; "
+    "PTD-P rows +14..+17% as in Table 1"))
+def test_zero3_vs_ptdp_rows_within_10_percent(results):
+    assert mae(results, "llm-zero3-vs-ptdp") <= 10.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Spearman -1 in all 5 ZeRO-3 vs PTD-P groups (Narayanan Table 2): dlperf ranks ZeRO-3 above PTD-P at every "
+    "GPU count because ZeRO-3's communication is hidden (see above); a plan search would pick the wrong plan"))
+def test_zero3_vs_ptdp_plans_rank_right(results):
+    chosen = [r for r in results if r.row.source == "narayanan2021-table2"]
+    assert median_spearman(chosen) >= 0.9
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BigScience tr11 topology search (56 rows, 384 A100s, one model and batch per group, DP x TP x PP x MBS plans): "
+    "MAE 25.2%, every plan predicted too fast (-10..-47%); median within-group Spearman -0.38 over 14 groups "
+    "(-1.0 to +1.0). The hardware got faster with a larger micro-batch (02-21, PP 12: MBS 1/2/4 = 143/134/124 s) "
+    "where dlperf's larger pipeline bubble makes it slower: per-micro-batch and per-kernel fixed costs are priced "
+    "as nearly free; with NHEADS 128 the measured time rises 40% (fused-softmax constraints) and dlperf sees 2%"))
+def test_bloom_topology_plans_rank_right(results):
+    chosen = [r for r in results if r.row.source == "bigscience-tr11-prequel"]
+    assert median_spearman(chosen) >= 0.9 and mean_abs_error(chosen) <= 10.0
+
+
+def test_mixed_precision_pairs_rank_right(results):
+    # DLE: AMP and TF32 at the same batch and GPU count (16 groups); every one ranked right today. These are the
+    # easy groups (a 2-8x peak difference); they carry the overall median of 1.0, the parallelism groups do not.
+    groups = [g for g in plan_groups(results) if g["source"].startswith("dle-")]
+    assert len(groups) == 16 and all(g["spearman"] == 1.0 for g in groups)

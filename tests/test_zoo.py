@@ -16,7 +16,7 @@ MODEL_NAMES = builtins.builtin_names("models")
 # The models the rest of dlperf (validation, docs, examples) refers to by name.
 REQUIRED = {
     "lenet5", "alexnet", "vgg16", "resnet50", "resnet101", "inception-v3", "lstm-lm", "transformer-base",
-    "bert-large", "gpt", "gpt2-xl", "gpt3-175b", "llama2-7b", "llama2-70b",
+    "bert-large", "gpt", "gpt2-xl", "gpt3-175b", "llama2-7b", "llama2-70b", "mpt",
 }
 
 # Exact counts given by a reference implementation.
@@ -29,6 +29,7 @@ EXACT = {
     "inception-v3": 27_161_264 - 3_326_696,
     "gpt2-xl": 1_557_611_200,     # Hugging Face gpt2-xl (GPT2LMHeadModel, tied head) num_parameters()
     "llama2-7b": 6_738_415_616,   # Hugging Face meta-llama/Llama-2-7b-hf (LlamaForCausalLM) num_parameters()
+    "mpt": 6_658_859_008,         # MPT-7B at seq 2048: llm-foundry scripts/train/benchmarking/README.md NumParams
 }
 
 # Ranges where the publication gives a rounded figure.
