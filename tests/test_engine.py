@@ -118,16 +118,14 @@ SINGLE_GPU = [
     ("resnet50", {}, "dgx1-v100", "fp32", 112, 367, None),
     ("resnet50", {}, "dgx1-v100", "fp16", 256, 1200, None),
     ("resnet50", {}, "dgx-a100", "tf32", 256, 938,
-     "predicts ~1720 img/s (+83%): convolutions use the A100's GEMM efficiency (MAMF 0.869) for want of a sourced "
-     "cuDNN convolution efficiency; ResNet-50's narrow convolutions reach far less, and fp32 activations double "
-     "the memory-bound BN/ReLU traffic"),
+     "predicts ~1580 img/s (+68%): no per-shape cuDNN convolution or TF32 GEMM microbenchmark for A100 was found, "
+     "so convolutions use the FP16 GEMM curve (0.768 at the TF32 peak); ResNet-50's narrow convolutions reach far "
+     "less, and fp32 activations double the memory-bound BN/ReLU traffic"),
     ("resnet50", {}, "dgx-a100", "fp16", 256, 2470,
-     "predicts ~3340 img/s (+35%): same convolution-efficiency term as above"),
-    ("bert-large", {"seq": 128}, "dgx-a100", "fp16", 256, 580,
-     "predicts 757 seq/s (+30%): GEMMs at MAMF efficiency (0.869) are optimistic for BERT's 1024-wide GEMMs, and "
-     "LAMB's update and the MLM gather are not modelled"),
+     "predicts ~3080 img/s (+25%): same convolution-efficiency term as above (V100 has a DeepBench conv curve)"),
+    ("bert-large", {"seq": 128}, "dgx-a100", "fp16", 256, 580, None),
     ("bert-large", {"seq": 512}, "dgx-a100", "fp16", 32, 210,
-     "predicts 154 seq/s (-27%): the unfused attention writes the s^2 score matrix several times; the measured "
+     "predicts 126 seq/s (-40%): the unfused attention writes the s^2 score matrix several times; the measured "
      "run uses fused attention kernels (set flash: true to model them)"),
 ]
 

@@ -109,8 +109,10 @@ class Device:
     def eff(self, kernel_class: str, dtype: str | None = None) -> Efficiency:
         """The curve of a kernel class; a dtype whose kernels run on other units (fp32 on CUDA cores, tf32, fp8)
         may have its own curve (`efficiency.matmul.dtypes.fp32`), else the class's curve stands in."""
-        if dtype is not None and self.dtype_curves and f"{kernel_class}/{dtype}" in self.dtype_curves:
-            return self.efficiency[f"{kernel_class}/{dtype}"]
+        if dtype is not None and self.dtype_curves:
+            for key in (f"{kernel_class}/{dtype}", f"matmul/{dtype}" if kernel_class == "conv" else ""):
+                if key in self.dtype_curves:  # a conv in a dtype with its own units runs at their GEMM rate
+                    return self.efficiency[key]
         if kernel_class in self.efficiency:
             return self.efficiency[kernel_class]
         if kernel_class == "conv":
