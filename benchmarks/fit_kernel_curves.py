@@ -36,7 +36,7 @@ import numpy as np
 
 from dlperf.calibrate.fit import golden_min
 from dlperf.engine.device import wave_quantization
-from dlperf.spec.hardware import load_hardware
+from dlperf.spec.hardware import Efficiency, load_hardware
 
 DATA = Path(__file__).resolve().parents[1] / "dlperf" / "data" / "kernels"
 
@@ -161,9 +161,9 @@ def load(curve: Curve) -> list[Point]:
 # Thread-block tiles cuBLAS chooses among (DU-09799-001, "Tile Quantization": 256x128 and 128x256 the most
 # efficient, then 128x128, 256x64, 64x256, 128x64, 64x128, 64x64).
 TILES = ((256, 128), (128, 256), (128, 128), (256, 64), (64, 256), (128, 64), (64, 128), (64, 64))
-# The engine's own rule (hardware/*.yaml matmul `tile`, Efficiency.min_split_k default), scored as a third model.
+# The engine's own rule (hardware/*.yaml matmul `tile`, Efficiency.tile_overhead_k default), scored as a third model.
 ENGINE_TILE = (256, 128)
-ENGINE_MIN_SPLIT_K = 256
+ENGINE_TILE_OVERHEAD_K = Efficiency(1.0).tile_overhead_k  # the engine default (spec/hardware.py)
 # Bytes per element of (inputs, output): fp8 GEMMs here write bf16 (XLA's f8e4m3fn x f8e4m3fn -> bf16);
 # XLA's f32 table ("tf32") moves f32.
 ELEMENT_BYTES = {"fp32": (4, 4), "tf32": (4, 4), "fp16": (2, 2), "bf16": (2, 2), "fp8": (1, 2)}
@@ -251,7 +251,7 @@ class Result:
     peak_flops: float   # datasheet dense FLOP/s of the dtype
     plain: Fit          # work = FLOPs
     quantized: Fit      # work = tile- and wave-quantized FLOPs, best tile of the guide's list
-    engine: Fit         # work = FLOPs x dlperf.engine.device.wave_quantization (256x128 tile, split-K >= 256)
+    engine: Fit         # work = FLOPs x dlperf.engine.device.wave_quantization (256x128, split-K, tile overhead)
 
     def efficiency(self, fit: Fit) -> float:
         return fit.rate / self.peak_flops
@@ -266,7 +266,7 @@ def fit_curve(curve: Curve) -> Result:
     mem_s = np.array([gemm_bytes(p, curve.dtype) for p in points]) / bandwidth
     qflops = np.array([quantized_flops(p, SMS[curve.device]) for p in points])
     eflops = flops * np.array([wave_quantization(p.batch, p.m_out or p.m, p.n, p.k, SMS[curve.device],
-                                                 ENGINE_TILE, ENGINE_MIN_SPLIT_K) for p in points])
+                                                 ENGINE_TILE, ENGINE_TILE_OVERHEAD_K) for p in points])
     peak = device.peak_flops[curve.dtype]
     return Result(curve, peak, *(fit_roofline(w, mem_s, times, peak) for w in (flops, qflops, eflops)))
 
@@ -382,7 +382,8 @@ def engine_check(results: list[Result]) -> str:
         eff = device.eff("matmul", c.dtype)
         rel = []
         for p in load(c):
-            q = wave_quantization(p.batch, p.m, p.n, p.k, device.sms, eff.tile, eff.min_split_k) if eff.tile else 1.0
+            q = (wave_quantization(p.batch, p.m, p.n, p.k, device.sms, eff.tile, eff.tile_overhead_k)
+                 if eff.tile else 1.0)
             t = phase_time(p.flops, gemm_bytes(p, c.dtype), 1, "matmul", device, c.dtype, q)
             rel.append((t - p.seconds) / p.seconds)
         err = np.array(rel)

@@ -162,3 +162,28 @@ def test_one_weird_trick_allreduces_only_the_convolutions():
 def test_hybrid_fc_needs_plain_data_parallel_degrees(run):
     code, _, err = run("predict", "alexnet", "dgx1-v100", "--gpus", "8", "--tp", "2", "--hybrid-fc")
     assert code == 2 and "hybrid-fc" in err
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 9000), st.integers(1, 9000), st.integers(1, 9000),
+       st.sampled_from(["m", "n", "k", "batch"]), st.integers(1, 3000))
+def test_a_larger_gemm_is_never_faster(batch, m, n, k, grow, extra):
+    """Tile/wave quantization with split-K (engine/device.py) is a step function of the shape, but never steps
+    down: every split choice's time grows with m, n, k and the batch, so their minimum does too."""
+    from dlperf.engine.device import gemm_quantization, phase_time
+    from dlperf.ops.dense import gemm
+    from dlperf.spec.hardware import load_hardware
+
+    device = load_hardware("dgx-a100").device
+
+    def seconds(b: int, rows: int, cols: int, inner: int) -> float:
+        kernel = gemm("g", rows, inner, cols, 2)
+        kernel = replace(kernel, gemm=(b, rows, cols, inner))
+        flops = b * kernel.cost.fwd_flops
+        quantization = gemm_quantization(kernel, device, "fp16", 1, None)[0]
+        return phase_time(flops, 0, 1, "matmul", device, "fp16", quantization)
+
+    shape = {"batch": batch, "m": m, "n": n, "k": k}
+    bigger = dict(shape, **{grow: shape[grow] + extra})
+    larger = seconds(bigger["batch"], bigger["m"], bigger["n"], bigger["k"])
+    assert larger >= seconds(batch, m, n, k) * (1 - 1e-12)

@@ -50,9 +50,9 @@ EXPECTED = {
 # The default matmul curves are published as fitted under the engine's own quantization (FITTED.md says why):
 # curve -> (peak, startup us, median tolerance); measured medians 0.092, 0.065, 0.078.
 ENGINE_EXPECTED = {
-    "V100 fp16 matmul (deepbench)": (0.860, 6.1, 0.10),
-    "A100 fp16 matmul (azure)": (0.768, 5.4, 0.07),
-    "H100 bf16 matmul (xla)": (0.803, 4.9, 0.08),
+    "V100 fp16 matmul (deepbench)": (0.880, 3.2, 0.07),
+    "A100 fp16 matmul (azure)": (0.829, 0.6, 0.03),
+    "H100 bf16 matmul (xla)": (0.843, 4.9, 0.05),
 }
 
 

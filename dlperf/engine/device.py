@@ -60,38 +60,38 @@ def phase_time(flops: Any, nbytes: Any, launches: Any, cls: str, device: Device,
     return mathx.maximum(compute, memory) + launches * device.launch_latency
 
 
-def wave_quantization(batch: Any, m: Any, n: Any, k: Any, sms: int, tile: tuple[int, int], min_k: int) -> Any:
+def wave_quantization(batch: Any, m: Any, n: Any, k: Any, sms: int, tile: tuple[int, int],
+                      overhead_k: int = 128) -> Any:
     """Time of a tiled GEMM over the time of the same FLOPs spread evenly on every SM (>= 1).
 
-    The output has batch * ceil(m/Tm) * ceil(n/Tn) tiles (tile quantization); they run ceil(tiles/SMs) waves
-    (wave quantization). Split-K cuts K into s slices of at least `min_k` to make more, shorter tiles when there
-    are too few, as cuBLAS's heuristics do; the best s is taken. Shapes that are not numbers (the symbolic B)
-    are left unquantized (1.0).
+    The output has T = batch * ceil(m/Tm) * ceil(n/Tn) tiles (tile quantization); they run ceil(T/SMs) waves (wave
+    quantization). Split-K cuts K into s slices to make s*T shorter tiles when there are too few, as cuBLAS's
+    heuristics do; every tile also pays a fixed prologue/epilogue worth `overhead_k` K-elements of its main loop,
+    which is what keeps split-K from shrinking tiles forever. The best s in 1, 2, 4, 8, 16 is taken: each choice's
+    time grows with m, n and k, so their minimum does too (a larger GEMM is never faster). Shapes that are not
+    numbers (the symbolic B) are left unquantized (1.0).
     """
     if all(type(x) in (int, float) for x in (batch, m, n, k)):
-        return _scalar_quantization(float(batch), float(m), float(n), float(k), sms, tile, min_k)
+        return _scalar_quantization(float(batch), float(m), float(n), float(k), sms, tile, overhead_k)
     if not all(_is_number(x) for x in (batch, m, n, k)):
         return 1.0
     tm, tn = tile
     tiles = batch * mathx.ceil(m / tm) * mathx.ceil(n / tn)
-    best, splits = mathx.ceil(tiles / sms), 2
-    while k / splits >= min_k:
-        best = mathx.minimum(best, mathx.ceil(tiles * splits / sms) / splits)
-        splits *= 2
-    return best * (tm * tn * sms) / (batch * m * n)
+    best = mathx.minimum(*(mathx.ceil(tiles * s / sms) * (k / s + overhead_k) for s in SPLITS))
+    return best * (tm * tn * sms) / (batch * m * n * k)
+
+
+SPLITS = (1, 2, 4, 8, 16)  # split-K factors considered (powers of two, as cuBLAS's split-K kernels use)
 
 
 @functools.lru_cache(maxsize=65536)
 def _scalar_quantization(batch: float, m: float, n: float, k: float, sms: int, tile: tuple[int, int],
-                         min_k: int) -> float:
+                         overhead_k: int) -> float:
     """wave_quantization for plain numbers, memoised: search prices the same GEMMs for thousands of plans."""
     tm, tn = tile
     tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
-    best, splits = math.ceil(tiles / sms), 2
-    while k / splits >= min_k:
-        best = min(best, math.ceil(tiles * splits / sms) / splits)
-        splits *= 2
-    return best * (tm * tn * sms) / (batch * m * n)
+    best = min(math.ceil(tiles * s / sms) * (k / s + overhead_k) for s in SPLITS)
+    return best * (tm * tn * sms) / (batch * m * n * k)
 
 
 def _is_number(x: Any) -> bool:
@@ -112,7 +112,7 @@ def gemm_quantization(kernel: Kernel, device: Device, dtype: str, divisor: Any, 
         b, n, k = (b / divisor if tp_dim == "batch" else b, n / divisor if tp_dim == "n" else n,
                    k / divisor if tp_dim == "k" else k)
     def q(rows: Any, cols: Any, inner: Any) -> Any:
-        return wave_quantization(b, rows, cols, inner, device.sms, eff.tile, eff.min_split_k)
+        return wave_quantization(b, rows, cols, inner, device.sms, eff.tile, eff.tile_overhead_k)
 
     c = kernel.cost
     data, weight = c.bwd_data_flops, c.bwd_weight_flops

@@ -17,6 +17,7 @@ class, derived when absent, see link_kind) and `nvls_bandwidth` (measured NVLink
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,10 +72,12 @@ class Efficiency:
     half: float = 0.0
     source: str = ""
     startup: float | None = None
-    # GEMM tiling (matmul curves only): the output tile one SM computes and the smallest K slice split-K may
-    # leave; with the device's SM count they price tile and wave quantization (engine/device.py).
+    # GEMM tiling (matmul curves only): the output tile one SM computes and a tile's fixed prologue/epilogue in
+    # K-elements of its main loop; with the device's SM count they price tile and wave quantization
+    # (engine/device.py). 128: a tile's pipeline fill (cuBLAS/CUTLASS Ampere kernels prefetch 3-4 K-stages of 32)
+    # plus writing its output; dlperf's estimate, scored against the kernel tables by fit_kernel_curves.py.
     tile: tuple[int, int] | None = None
-    min_split_k: int = 256
+    tile_overhead_k: int = 128
 
     def at(self, size: Any) -> Any:
         if self.half == 0:
@@ -180,7 +183,7 @@ _DEVICE_KEYS = (
 _DISPATCH_KEYS = ("forward", "backward", "source")
 _LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "link",
                "nvls_bandwidth", "source")
-_EFF_KEYS = ("peak", "half", "startup", "source", "tile", "min_split_k", "dtypes")
+_EFF_KEYS = ("peak", "half", "startup", "source", "tile", "tile_overhead_k", "dtypes")
 
 
 def _quantity(node: dict, key: str, kind: str, file: str, where: str) -> float:
@@ -239,12 +242,19 @@ def _curve(curve: Any, cls: str, file: str, here: str) -> Efficiency:
     if "half" in curve:
         kind = "bytes" if cls in ("memory", "transcendental") else "flops"
         half = _quantity(curve, "half", kind, file, here)
-    startup = _quantity(curve, "startup", "time", file, here) if "startup" in curve else None
+    startup = _startup(curve, file, here) if "startup" in curve else None
     if cls == "matmul" and "half" not in curve and startup is None:
         startup = DEFAULT_EFFICIENCY["matmul"][2]  # a file that gives only the peak keeps the default t0
     tile = _tile(curve, file, here) if "tile" in curve else None
-    min_k = _positive_int(curve, "min_split_k", file, here) if "min_split_k" in curve else 256
-    return Efficiency(peak, half, str(curve.get("source", "")), startup, tile, min_k)
+    overhead = _positive_int(curve, "tile_overhead_k", file, here) if "tile_overhead_k" in curve else 128
+    return Efficiency(peak, half, str(curve.get("source", "")), startup, tile, overhead)
+
+
+def _startup(curve: dict, file: str, here: str) -> float:
+    """Hockney's t0 beyond the launch: a positive time, or zero ('0 us') when the fitted t0 is all launch."""
+    if isinstance(curve["startup"], str) and re.fullmatch(r"\s*0*\.?0*\s*(s|ms|us|ns)\s*", curve["startup"]):
+        return 0.0
+    return _quantity(curve, "startup", "time", file, here)
 
 
 def _tile(curve: dict, file: str, here: str) -> tuple[int, int]:
