@@ -97,12 +97,15 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         for phase, op, elements in use.comm:
             if tp > 1 and not mathx.is_zero(elements):
                 t = use.count * comm_time(op, e * batch * elements)
+                # issuing the collective is one more op for the host (c10d call, stream sync, launch)
+                host = use.count * (hw.device.dispatch_forward if phase == "fwd" else hw.device.dispatch_backward)
                 if phase == "fwd":
-                    out.tp_comm_fwd = out.tp_comm_fwd + t
+                    out.tp_comm_fwd, out.host_fwd = out.tp_comm_fwd + t, out.host_fwd + host
                 else:
-                    out.tp_comm_bwd = out.tp_comm_bwd + t
+                    out.tp_comm_bwd, out.host_bwd = out.tp_comm_bwd + t, out.host_bwd + host
                 if recompute in FULL and phase == "fwd":
                     out.recompute = out.recompute + t
+                    out.host_recompute = out.host_recompute + host
         out.params = out.params + use.count * use.layer.params / (tp if use.sharded else 1)
         saved = OPS[use.layer.op].saved(use.layer, e) * batch / (tp if (use.sharded or sp) else 1)
         if recompute == "selective":

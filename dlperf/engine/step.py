@@ -281,8 +281,11 @@ def _comm() -> Any:
 
 
 def _tp_comm_fn(comm: Any, hw: Hardware, plan: Plan) -> Any:
+    """A tensor-parallel collective as the step runs it: NCCL's own time plus the launch of its kernel, which
+    NCCL's cost model leaves out (it prices the algorithm, not the launch every choice shares)."""
     group = comm.Group(plan.tp, 1)
-    return lambda op, nbytes: comm.collective_time(op, nbytes, group, hw)
+    launch = hw.device.launch_latency
+    return lambda op, nbytes: comm.collective_time(op, nbytes, group, hw) + launch
 
 
 def _overlap_contention(hw: Hardware, span: int) -> float:
