@@ -266,9 +266,7 @@ class Sweep:
         out = []
         for p in self.points:
             r = p.prediction
-            row: dict[str, Any] = {"gpus": p.devices, "global_batch": p.global_batch,
-                                   "dp": p.plan.data_parallel if p.plan else None,
-                                   "tp": p.plan.tp if p.plan else None, "pp": p.plan.pp if p.plan else None}
+            row: dict[str, Any] = {"gpus": p.devices, "global_batch": p.global_batch, **_knobs(p.plan)}
             if r is None or ref is None:
                 row.update(step_time_s=None, samples_per_s=None, speedup=None, efficiency=None, fits=False)
             else:
@@ -284,6 +282,14 @@ class Sweep:
         import pandas as pd
 
         return pd.DataFrame(self.rows())
+
+
+def _knobs(plan: Plan | None) -> dict[str, Any]:
+    """The plan's degrees and the knobs that explain a sweep row (micro-batch, ZeRO, recomputation)."""
+    if plan is None:
+        return dict.fromkeys(("dp", "tp", "pp", "micro_batch", "zero", "recompute"))
+    return {"dp": plan.data_parallel, "tp": plan.tp, "pp": plan.pp, "micro_batch": plan.micro, "zero": plan.zero,
+            "recompute": plan.recompute}
 
 
 def _sweep_plan(model: Any, hw: Any, strategy: str, n: int, batch: int, micro: int | None,
