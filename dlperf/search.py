@@ -112,6 +112,9 @@ class SearchResult:
     hw: Any = None
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    smallest: Any = None          # the priced plan that needs the least memory (fitting or not)
+    memory_limit: float = 0.0     # bytes per device a plan had to fit in
+    too_slow: int = 0             # plans that fit but missed max_step_time
 
     def objective_value(self, ev: Any) -> float:
         return objective_value(ev, self.objective, self.hw)
@@ -171,6 +174,7 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
         plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
                                  evaluator.layers, space, _pp_filter(model, space))
     fitting: list[Any] = []
+    smallest, too_slow = None, 0
     iterator = progress(plans) if progress else _null(plans)
     with iterator as items:
         for plan in items:
@@ -178,10 +182,17 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
                 ev = evaluator.timeline(plan)
             except DlperfError:
                 continue
-            if ev.memory_bytes_per_device <= limit and (max_step_time is None or ev.step_time_s <= max_step_time):
+            if smallest is None or ev.memory_bytes_per_device < smallest.memory_bytes_per_device:
+                smallest = ev
+            if ev.memory_bytes_per_device > limit:
+                continue
+            if max_step_time is None or ev.step_time_s <= max_step_time:
                 fitting.append(ev)
+            else:
+                too_slow += 1
     fitting.sort(key=lambda ev: (objective_value(ev, objective, hw), ev.memory_bytes_per_device))
-    return SearchResult(fitting, len(plans), len(fitting), objective, hw, time.perf_counter() - start)
+    return SearchResult(fitting, len(plans), len(fitting), objective, hw, time.perf_counter() - start,
+                        smallest=smallest, memory_limit=limit, too_slow=too_slow)
 
 
 def _pp_filter(model: Any, space: SearchSpace) -> Callable[[int], bool]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from dlperf.commands.common import format_option, parse_sets, set_option
+from dlperf.commands.common import exit_unless_fits, format_option, parse_sets, set_option, wrote
 from dlperf.report import render, to_json
 
 DTYPE_CHOICES = click.Choice(["fp32", "tf32", "fp16", "bf16", "fp8"])
@@ -82,7 +82,26 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         from dlperf.engine.defaults import default_plan
 
         return default_plan(model, hw, base, notes)
+    if base.pp > 1 and base.micro_batch is None:
+        # Megatron-LM's default and its published runs: micro-batch 1 with pipelining, so that the m = B/(dp*b)
+        # micro-batches fill the pipeline (bubble (pp-1)/(m+pp-1); Narayanan et al. 2021, section 2.2 and Table 1)
+        base = base.with_(micro_batch=1)
+        notes.append(f"micro-batch not given: 1 with pipelining (Megatron-LM's default), {base.micro_batches} "
+                     f"micro-batches per step")
+        _check_interleaving(base)
     return base, notes
+
+
+def _check_interleaving(plan: Any) -> None:
+    """The interleaved schedule's rule, said about the value the user gave (the global batch), not the filled-in
+    micro-batch."""
+    from dlperf.errors import PlanError
+
+    if plan.schedule == "interleaved" and plan.micro_batches % plan.pp:
+        raise PlanError(f"the interleaved schedule needs the micro-batches per step (global batch {plan.global_batch}"
+                        f" / dp={plan.data_parallel} at micro-batch 1 = {plan.micro_batches}) divisible by pp={plan.pp}",
+                        expected=f"a global batch that is a multiple of {plan.data_parallel * plan.pp}",
+                        found=plan.global_batch)
 
 
 def _load(model_name: str, hardware: str, sets: tuple[str, ...]) -> tuple[Any, Any]:
@@ -123,7 +142,9 @@ def predict(model: str, hardware: str, sets: tuple[str, ...], symbolic: bool, la
         from dlperf.plot import breakdown_chart
 
         breakdown_chart([result], [spec.name], plot)
+        wrote(plot)
     click.echo(_render_prediction(result, spec, hw, fmt))
+    exit_unless_fits(result)
 
 
 def _render_prediction(result: Any, spec: Any, hw: Any, fmt: str) -> str:

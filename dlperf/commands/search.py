@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from dlperf.commands.common import format_option, set_option
+from dlperf.commands.common import EXIT_NO, exit_unless_fits, format_option, set_option, warn, wrote
 from dlperf.commands.predict import DTYPE_CHOICES, _load, build_plan, plan_options
 from dlperf.report import render, to_json
 
@@ -59,6 +59,9 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
                  max_memory=_memory_option(max_memory), base=Plan(dtype=dtype), space=space,
                  progress=terminal_progress("searching plans"), max_step_time=max_step_time)
     rows = result.rows(top)
+    if not rows:
+        _no_plan(result, fmt)
+        raise SystemExit(EXIT_NO)
     summary = {"model": spec.name, "hardware": hw.name, "devices": devices, "global_batch": global_batch,
                "objective": objective, "considered": result.considered, "feasible": result.feasible,
                "search_seconds": result.elapsed_s}
@@ -79,6 +82,25 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
         short = [{"rank": r["rank"], **{k: r[k] for k in BREAKDOWN_COLUMNS}} for r in rows]
         click.echo("\nstep-time breakdown (s)")
         click.echo(render(short, "table"))
+
+
+def _no_plan(result: Any, fmt: str) -> None:
+    """Nothing fits (or meets the time budget): say why, with the smallest memory any plan needed."""
+    from dlperf.units import format_quantity as q
+
+    if result.too_slow:
+        why = f"{result.too_slow:,} fit in memory but none meets --max-step-time"
+    elif result.smallest is None:
+        why = "no plan is valid for this device count and batch"
+    else:
+        p = result.smallest.plan
+        why = (f"the smallest needs {q(result.smallest.memory_bytes_per_device, 'bytes')} per device "
+               f"(dp={p.data_parallel} tp={p.tp} pp={p.pp} micro-batch {p.micro} zero {p.zero} recompute "
+               f"{p.recompute}), the limit is {q(result.memory_limit, 'bytes')}")
+    message = f"no plan fits: {result.considered:,} plans considered; {why}"
+    if fmt == "json":
+        click.echo(to_json({"plans": [], "considered": result.considered, "feasible": 0, "message": message}))
+    warn(message)
 
 
 @click.command("sweep")
@@ -114,8 +136,21 @@ def sweep(model: str, hardware: str, sets: tuple[str, ...], gpus: str, strategy:
         from dlperf.plot import scaling_chart
 
         scaling_chart([result], plot)
+        wrote(plot)
     title = f"{spec.name} on {hw.name}, {strategy} parallelism, {result.mode} scaling"
     click.echo(render(result.rows(), fmt, title=title))
+    _warn_sweep(result)
+
+
+def _warn_sweep(result: Any) -> None:
+    """Points without a prediction or whose plan does not fit are rows like the others: say so on stderr."""
+    rows = result.rows()
+    missing = [str(r["gpus"]) for r in rows if r["samples_per_s"] is None]
+    too_big = [str(r["gpus"]) for r in rows if r["samples_per_s"] is not None and not r["fits"]]
+    if too_big:
+        warn(f"the plan does not fit in device memory at {', '.join(too_big)} GPUs (fits = no)")
+    if missing:
+        warn(f"no prediction at {', '.join(missing)} GPUs (see the note column)")
 
 
 @click.command("explain")
@@ -138,12 +173,15 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
     if fmt == "json":
         click.echo(to_json({"step_time_s": out["prediction"].step_time_s, "bottleneck": out["bottleneck"],
                             "bottleneck_share": out["bottleneck_share"], "plan": out["prediction"].plan,
-                            "sensitivities": rows, "notes": notes}))
+                            "sensitivities": rows, "notes": notes + out["prediction"].notes}))
+        exit_unless_fits(out["prediction"])
         return
     if fmt == "csv":
         click.echo(render(rows, "csv"))
+        exit_unless_fits(out["prediction"])
         return
     r = out["prediction"]
+    notes = notes + r.notes
     p = r.plan
     lines = [f"{spec.name} on {p['devices']} x {hw.device.name}: dp={p['dp']} tp={p['tp']} pp={p['pp']}, "
              f"step time {r.step_time_s:.4g} s"]
@@ -154,6 +192,7 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
     lines += [f"  {row['change']:<{width}} -> {format_change(row['step_time_change'])} step time" for row in rows]
     lines += _closed_form_lines(spec, hw, plan, p["dtype"])
     click.echo("\n".join(lines))
+    exit_unless_fits(r)
 
 
 def _closed_form_lines(spec: Any, hw: Any, plan: Any, dtype: str) -> list[str]:

@@ -226,6 +226,7 @@ class StepModel:
         t = self.timeline(plan)
         model_flops, hardware_flops, matrix_flops = step_flops(self.model, plan, element_bytes(t.dtype))
         per_device = t.step_time_s * plan.devices * 1e12
+        fits = bool(t.memory["total"] <= self.hw.device.memory)
         return Prediction(
             step_time_s=t.step_time_s,
             throughput_samples_per_s=t.throughput(),
@@ -236,13 +237,23 @@ class StepModel:
             breakdown_s=t.breakdown_s,
             memory=t.memory,
             memory_bytes_per_device=t.memory["total"],
-            fits=t.memory["total"] <= self.hw.device.memory,
+            fits=fits,
             work_flops=model_flops + _optimizer_flops(self.model, plan),
             depth=float(model_cost(self.model, plan.micro, t.dtype).total_depth),
             plan=plan.to_dict() | {"dtype": t.dtype},
             staleness=t.staleness,
             per_type_s={k: plan.micro_batches * x for k, x in t.slow.per_type.items()},
+            notes=[] if fits else [memory_note(t.memory, self.hw)],
         )
+
+
+def memory_note(memory: dict[str, Any], hw: Hardware) -> str:
+    """Why a plan does not fit: what it needs per device against what the device has."""
+    from dlperf.units import format_quantity as q
+
+    need, have = float(memory["total"]), hw.device.memory
+    return (f"DOES NOT FIT: needs {q(need, 'bytes')} per device (runtime reserve {q(float(memory['reserved']), 'bytes')}"
+            f" included), the {hw.device.name} has {q(have, 'bytes')} ({q(need - have, 'bytes')} over)")
 
 
 def _head_start(items: list[Any]) -> int:
