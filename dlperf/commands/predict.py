@@ -98,8 +98,9 @@ def _check_interleaving(plan: Any) -> None:
     from dlperf.errors import PlanError
 
     if plan.schedule == "interleaved" and plan.micro_batches % plan.pp:
-        raise PlanError(f"the interleaved schedule needs the micro-batches per step (global batch {plan.global_batch}"
-                        f" / dp={plan.data_parallel} at micro-batch 1 = {plan.micro_batches}) divisible by pp={plan.pp}",
+        raise PlanError(f"the interleaved schedule needs the micro-batches per step (global batch "
+                        f"{plan.global_batch} / dp={plan.data_parallel} at micro-batch 1 = {plan.micro_batches}) "
+                        f"divisible by pp={plan.pp}",
                         expected=f"a global batch that is a multiple of {plan.data_parallel * plan.pp}",
                         found=plan.global_batch)
 

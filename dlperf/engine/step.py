@@ -251,9 +251,9 @@ def memory_note(memory: dict[str, Any], hw: Hardware) -> str:
     """Why a plan does not fit: what it needs per device against what the device has."""
     from dlperf.units import format_quantity as q
 
-    need, have = float(memory["total"]), hw.device.memory
-    return (f"DOES NOT FIT: needs {q(need, 'bytes')} per device (runtime reserve {q(float(memory['reserved']), 'bytes')}"
-            f" included), the {hw.device.name} has {q(have, 'bytes')} ({q(need - have, 'bytes')} over)")
+    need, have, reserve = float(memory["total"]), hw.device.memory, float(memory["reserved"])
+    return (f"DOES NOT FIT: needs {q(need, 'bytes')} per device (runtime reserve {q(reserve, 'bytes')} included), the "
+            f"{hw.device.name} has {q(have, 'bytes')} ({q(need - have, 'bytes')} over)")
 
 
 def _head_start(items: list[Any]) -> int:
