@@ -74,6 +74,12 @@ def _blocks(model: Model) -> list[Any]:
     return [item for item in model.root.items if isinstance(item, Seq) and item.repeat > 1]
 
 
+def gather_units(model: Model, plan: Plan) -> int:
+    """How many units ZeRO-3 gathers parameters in on one stage: the repeated blocks it holds (FSDP wraps each
+    transformer block), or 1 for a model without a repeated block."""
+    return max(_blocks_in_stage(model, plan), 1) if _blocks(model) else 1
+
+
 def _blocks_in_stage(model: Model, plan: Plan) -> int:
     return sum(b.repeat for b in _blocks(model)) // plan.pp or 1
 
