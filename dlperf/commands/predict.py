@@ -119,23 +119,26 @@ def _load(model_name: str, hardware: str, sets: tuple[str, ...]) -> tuple[Any, A
 @plan_options
 @click.option("--symbolic", is_flag=True, help="Print the closed form of step time, work W, depth D and W/D.")
 @click.option("--latex", is_flag=True, help="With --symbolic: print the formulas as LaTeX.")
+@click.option("--full", is_flag=True,
+              help="With --symbolic: keep every kernel's max(compute, memory) instead of the bound that holds at the "
+                   "plan's micro-batch.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a breakdown bar chart.")
 @format_option
-def predict(model: str, hardware: str, sets: tuple[str, ...], symbolic: bool, latex: bool, plot: str | None,
-            fmt: str, **opts: Any) -> None:
+def predict(model: str, hardware: str, sets: tuple[str, ...], symbolic: bool, latex: bool, full: bool,
+            plot: str | None, fmt: str, **opts: Any) -> None:
     """Predict step time, throughput, MFU and memory of training MODEL on HARDWARE."""
     from dlperf.engine import predict as run
     from dlperf.plan import validate
 
+    if (latex or full) and not symbolic:
+        raise click.UsageError(f"--{'latex' if latex else 'full'} only changes the --symbolic view; add --symbolic")
     spec, hw = _load(model, hardware, sets)
     plan, notes = build_plan(spec, hw, opts)
     if symbolic:
         from dlperf.engine.step import StepModel
 
         validate(plan, heads=StepModel(spec, hw).heads)
-        from dlperf.engine.symbolic import closed_form_text
-
-        click.echo(closed_form_text(spec, hw, plan, latex))
+        click.echo(_render_symbolic(spec, hw, plan, full, latex, fmt, notes))
         return
     result = run(spec, hw, plan)
     result.notes = notes + result.notes
@@ -146,6 +149,22 @@ def predict(model: str, hardware: str, sets: tuple[str, ...], symbolic: bool, la
         wrote(plot)
     click.echo(_render_prediction(result, spec, hw, fmt))
     exit_unless_fits(result)
+
+
+def _render_symbolic(spec: Any, hw: Any, plan: Any, full: bool, latex: bool, fmt: str, notes: list[str]) -> str:
+    import sympy
+
+    from dlperf.engine.symbolic import symbolic_text, symbolic_view
+
+    view = symbolic_view(spec, hw, plan, full)
+    view["notes"] = notes + view["notes"]
+    show = sympy.latex if latex else sympy.sstr
+    formulas = {k: show(view[k]) for k in ("T(B)", "T_step", "W", "D", "W/D")}
+    if fmt == "json":
+        return to_json({**{k: v for k, v in view.items() if k not in formulas}, **formulas})
+    if fmt == "csv":
+        return render([{"name": k, "expression": v} for k, v in formulas.items()], "csv").rstrip("\n")
+    return symbolic_text(view, latex)
 
 
 def _render_prediction(result: Any, spec: Any, hw: Any, fmt: str) -> str:
@@ -169,7 +188,7 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
              f"global batch {p['global_batch']} (micro-batch {p['micro_batch']} x {p['micro_batches']}), "
              f"{p['dtype']}, {p['optimizer']}, recompute {p['recompute']}, zero {p['zero']}"]
     lines += [f"note: {n}" for n in r.notes]
-    rows = [{"part": k, "seconds": v, "share": v / r.step_time_s} for k, v in r.breakdown_s.items() if v]
+    rows = [{"part": k, "time_s": v, "share": v / r.step_time_s} for k, v in r.breakdown_s.items() if v]
     lines.append(render(rows, "table"))
     by_type = sorted(r.per_type_s.items(), key=lambda kv: -kv[1])[:6]
     lines.append("by layer type   " + ", ".join(f"{k} {q(v, 'time')}" for k, v in by_type))

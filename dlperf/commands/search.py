@@ -63,7 +63,7 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
         _no_plan(result, fmt)
         raise SystemExit(EXIT_NO)
     summary = {"model": spec.name, "hardware": hw.name, "devices": devices, "global_batch": global_batch,
-               "objective": objective, "considered": result.considered, "feasible": result.feasible,
+               "objective": objective, "cost_unit": "USD" if hw.price_per_device_hour else "device-hours", "considered": result.considered, "feasible": result.feasible,
                "search_seconds": result.elapsed_s}
     if fmt == "json":
         click.echo(to_json({**summary, "plans": rows}))
@@ -77,11 +77,15 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
                  "sequence_parallel", "step_time_s", "samples_per_s", "memory_gib"]
     if objective == "cost" or len(counts) > 1:
         plan_cols = ["rank", "devices"] + plan_cols[1:] + (["cost_per_step"] if objective == "cost" else [])
+    if objective == "cost":
+        unit = "USD" if hw.price_per_device_hour else "device-hours"
+        plan_cols[plan_cols.index("cost_per_step")] = f"cost_per_step ({unit})"
+        rows = [{**r, f"cost_per_step ({unit})": r["cost_per_step"]} for r in rows]
     click.echo(render(rows, "table", columns=plan_cols, title=title))
     if rows:
         short = [{"rank": r["rank"], **{k: r[k] for k in BREAKDOWN_COLUMNS}} for r in rows]
-        click.echo("\nstep-time breakdown (s)")
-        click.echo(render(short, "table"))
+        click.echo("\nstep-time breakdown")
+        click.echo(render(short, "table", kinds=dict.fromkeys(BREAKDOWN_COLUMNS, "time")))
 
 
 def _no_plan(result: Any, fmt: str) -> None:
@@ -165,6 +169,7 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
     """Sensitivity of step time to each hardware constant and plan knob, and the bottleneck."""
     from dlperf.search import explain as run
     from dlperf.search import format_change
+    from dlperf.units import format_quantity
 
     spec, hw = _load(model, hardware, sets)
     plan, notes = build_plan(spec, hw, opts)
@@ -184,7 +189,7 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
     notes = notes + r.notes
     p = r.plan
     lines = [f"{spec.name} on {p['devices']} x {hw.device.name}: dp={p['dp']} tp={p['tp']} pp={p['pp']}, "
-             f"step time {r.step_time_s:.4g} s"]
+             f"step time {format_quantity(r.step_time_s, 'time')}"]
     lines += [f"note: {n}" for n in notes]
     lines.append(f"bottleneck: {out['bottleneck']} ({100 * out['bottleneck_share']:.1f}% of the step)")
     lines.append("sensitivities (each computed by re-predicting with that one constant or knob changed):")
@@ -198,9 +203,10 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
 def _closed_form_lines(spec: Any, hw: Any, plan: Any, dtype: str) -> list[str]:
     """The one-device closed form of a micro-batch's compute and its symbolic elasticities d ln T / d ln X."""
     from dlperf.engine.symbolic import elasticities
+    from dlperf.units import format_quantity
 
     forms = elasticities(spec, hw, dtype, plan.micro)
     lines = [f"closed form T(B) (one device, forward+backward of a micro-batch, B = {plan.micro}: "
-             f"{forms['T_value']:.4g} s; `dlperf predict --symbolic` prints it), its derivatives:"]
+             f"{format_quantity(forms['T_value'], 'time')}; `dlperf predict --symbolic` prints it), its derivatives:"]
     lines += [f"  d ln T / d ln {label:<26} = {value:+.3f}" for label, value in forms.items() if label != "T_value"]
     return lines
