@@ -63,8 +63,8 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
         _no_plan(result, fmt)
         raise SystemExit(EXIT_NO)
     summary = {"model": spec.name, "hardware": hw.name, "devices": devices, "global_batch": global_batch,
-               "objective": objective, "cost_unit": "USD" if hw.price_per_device_hour else "device-hours", "considered": result.considered, "feasible": result.feasible,
-               "search_seconds": result.elapsed_s}
+               "objective": objective, "cost_unit": "USD" if hw.price_per_device_hour else "device-hours",
+               "considered": result.considered, "feasible": result.feasible, "search_seconds": result.elapsed_s}
     if fmt == "json":
         click.echo(to_json({**summary, "plans": rows}))
         return
