@@ -16,6 +16,10 @@ from dlperf.errors import CalibrationError
 from dlperf.report import FORMATS, render, to_json
 from dlperf.units import format_quantity
 
+# A used fit whose points scatter more than this (median relative residual) is reported as noisy: half of
+# --check's default tolerance, so that noise alone could not fail the check.
+NOISY_FIT = 0.10
+
 
 class Progress:
     """A progress bar on stderr when it is a terminal; silent when piped (and in tests)."""
@@ -141,6 +145,10 @@ def calibrate(ctx: click.Context, device: str, backend: str, quick: bool, thread
                                 passes=calibration.CHECK_PASSES if check else None)
     progress.close()
     _print_calibration(cal, fmt)
+    for f in cal.fits:
+        if f.used and f.fit.median_rel > NOISY_FIT:
+            warn(f"the {f.name} points scatter {100 * f.fit.median_rel:.0f}% around their fit (median): this machine "
+                 f"was too noisy for a trustworthy curve; rerun when it is idle")
     levels = network.network_levels(network_from, comm)
     extra = comm.stamp() if comm else {}
     hw = hwfile.check_text(hwfile.render(cal, _name_for(output, name), levels, extra), output or "<calibrated>")
@@ -266,17 +274,9 @@ def _update_network(path: str, comm: Any) -> None:
 
 
 def _plot_comm(comm: Any, path: str) -> None:
-    try:
-        import matplotlib
+    from dlperf.calibrate.plot import _panel, panel_grid, save
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise CalibrationError("--plot needs matplotlib") from None
-    from dlperf.calibrate.plot import _panel, save
-
-    fig, axes = plt.subplots(1, len(comm.fits), figsize=(5 * len(comm.fits), 3.8), squeeze=False)
-    for ax, (op, f) in zip(axes.flat, comm.fits.items(), strict=False):
+    fig, axes = panel_grid(len(comm.fits), 5.0, 3.8)
+    for ax, (op, f) in zip(axes, comm.fits.items(), strict=True):
         _panel(ax, f"gloo {op}", None, f, 0.0)
-    fig.tight_layout()
     save(fig, path)
