@@ -339,8 +339,8 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     reduce-scatters in every micro-batch's backward pass. ZeRO-3 also allgathers each layer's parameters before
     its forward and its backward pass, for every micro-batch (Rajbhandari et al. 2020, sections 5 and 7), one
     gather unit (a repeated block) at a time: see `_zero3_per_micro`. Megatron-LM issues the reduction after the
-    pipeline flush, so with pp > 1 it is exposed unless overlap is forced. The survey's sharded parameter server and compressed allreduce replace
-    the allreduce when the plan asks for them.
+    pipeline flush, so with pp > 1 it is exposed unless overlap is forced. The survey's sharded parameter server
+    and compressed allreduce replace the allreduce when the plan asks for them.
     """
     dp = plan.data_parallel
     params = slow.dp_params
