@@ -129,6 +129,8 @@ def calibrate(ctx: click.Context, device: str, backend: str, quick: bool, thread
     for destination in (output, plot):  # before minutes of timing, not after
         if destination:
             hwfile.check_destination(destination)
+    if network_from:
+        network.template_levels(network_from)  # an unknown template, too
 
     if check:
         check_mod.require_torch()
