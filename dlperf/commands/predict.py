@@ -222,7 +222,7 @@ def compare(model: str, hardware: str, sets: tuple[str, ...], devices: int, glob
     rows = []
     for name, plan, result, why in strategy_plans(spec, hw, devices, global_batch, dtype):
         row = {"strategy": name, "dp": plan.data_parallel if plan else None, "tp": plan.tp if plan else None,
-               "pp": plan.pp if plan else None}
+               "pp": plan.pp if plan else None, "micro_batch": plan.micro if plan else None}
         if result is None:
             row.update(step_time_s=None, samples_per_s=None, mfu=None, memory_gib=None, fits=False, note=why)
         else:
