@@ -93,7 +93,7 @@ def efficiency_limits(efficiencies: Sequence[float]) -> tuple[float, float]:
 def scaling_chart(sweeps: Sequence[Any], path: str | None = None) -> Any:
     """Throughput (log-log, with the ideal linear-scaling line) and parallel efficiency against device count
     for one or more dlperf.search.Sweep results."""
-    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator, ScalarFormatter
 
     data = scaling_data(sweeps)
     fig = _figure(figsize=(10, 4))
@@ -114,6 +114,11 @@ def scaling_chart(sweeps: Sequence[Any], path: str | None = None) -> Any:
         ax.set_xlabel("number of GPUs")
         ax.grid(True, which="both", alpha=0.3)
     ax_t.set_yscale("log")
+    values = [v for c in data.values() for v in c["samples_per_s"] + c["ideal_samples_per_s"]]
+    if values:  # plain numbers (200, 500), never 2x10^2 labels crowding each other
+        ax_t.yaxis.set_major_locator(FixedLocator(log_ticks(min(values) / 1.05, max(values) * 1.05)))
+        ax_t.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: plain_number(v)))
+        ax_t.yaxis.set_minor_locator(NullLocator())
     ax_t.set_ylabel("throughput (samples/s)")
     ax_t.set_title("Throughput")
     ax_t.legend(fontsize="small")
@@ -193,7 +198,7 @@ def _parity_panel(ax: Any, unit: str, panel: dict[str, list[Any]], colors: dict[
     ticks = log_ticks(lo, hi)
     for axis in (ax.xaxis, ax.yaxis):  # a few ticks labelled as plain numbers, never 1.2x10^2
         axis.set_major_locator(FixedLocator(ticks))
-        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: plain_number(v)))
         axis.set_minor_locator(NullLocator())
     ax.tick_params(axis="x", labelrotation=30)
     label = UNIT_LABELS.get(unit, unit.replace("_", " "))
@@ -205,15 +210,20 @@ def _parity_panel(ax: Any, unit: str, panel: dict[str, list[Any]], colors: dict[
 
 def log_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
     """Tick values in [lo, hi] for a log axis: powers of ten, then 1-2-5, then finer steps, whichever first
-    gives at least two ticks, thinned to at most `most`."""
+    gives at least three ticks, thinned to at most `most`."""
     ticks: list[float] = []
     for mantissas in ((1,), (1, 2, 5), (1, 1.5, 2, 3, 4, 5, 6, 8)):
         ticks = [m * 10.0**k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
                  for m in mantissas if lo <= m * 10.0**k <= hi]
-        if len(ticks) >= 2:
+        if len(ticks) >= 3:
             break
     step = -(-len(ticks) // most)
     return ticks[::step]
+
+
+def plain_number(value: float) -> str:
+    """A tick label: 200, 5,000, 0.5 (never 2x10^2 or 1e+04)."""
+    return f"{value:,.0f}" if value >= 1000 else f"{value:g}"
 
 
 def _maybe_save(fig: Any, path: str | None, dpi: int) -> Any:
