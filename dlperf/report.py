@@ -12,7 +12,41 @@ from typing import Any
 FORMATS = ("table", "json", "csv")
 
 
-def _cell(value: Any) -> str:
+# One human formatting rule for every table (JSON and CSV stay plain SI numbers): a column's name says its
+# kind. Seconds (`*_s`) read as "366.2 us"; fractions of one (share, MFU, efficiency) as "40.5%"; `*_pct` are
+# already percent; bytes and FLOPs get binary / decimal prefixes.
+FRACTION_COLUMNS = ("share", "mfu", "efficiency", "spread")
+
+
+def column_kind(column: str) -> str | None:
+    """How a table shows a numeric column: 'time', 'fraction', 'percent', 'bytes', 'flops' or None (plain)."""
+    name = column.lower()
+    if (name.endswith("_s") and not name.endswith("_per_s")) or name == "seconds":
+        return "time"
+    if name in FRACTION_COLUMNS or name.endswith("_fraction"):
+        return "fraction"
+    if name.endswith("_pct"):
+        return "percent"
+    if name.endswith("_bytes"):
+        return "bytes"
+    if name.endswith("_flops"):
+        return "flops"
+    return None
+
+
+def _human(value: float, kind: str) -> str:
+    from dlperf.units import format_quantity
+
+    if kind == "fraction":
+        return f"{100 * value:.1f}%"
+    if kind == "percent":
+        return f"{value:.1f}%"
+    return format_quantity(value, kind)
+
+
+def _cell(value: Any, kind: str | None = None) -> str:
+    if kind and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return _human(float(value), kind)
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
@@ -30,12 +64,15 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, title: str = "") -> str:
-    """An aligned plain-text table; numbers right-aligned."""
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, title: str = "",
+          kinds: dict[str, str] | None = None) -> str:
+    """An aligned plain-text table; numbers right-aligned and shown by their column's kind (column_kind, or
+    `kinds` for columns whose names do not say it)."""
     if not rows:
         return title
     columns = list(columns or rows[0].keys())
-    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    kind = {c: (kinds or {}).get(c) or column_kind(c) for c in columns}
+    cells = [[_cell(row.get(c), kind[c]) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
     numeric = [all(isinstance(row.get(c), (int, float)) or row.get(c) is None for row in rows) for c in columns]
 
@@ -76,10 +113,11 @@ def to_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None)
     return buffer.getvalue()
 
 
-def render(rows: Sequence[dict[str, Any]], fmt: str, columns: Sequence[str] | None = None, title: str = "") -> str:
-    """Rows as `fmt` (table | json | csv)."""
+def render(rows: Sequence[dict[str, Any]], fmt: str, columns: Sequence[str] | None = None, title: str = "",
+           kinds: dict[str, str] | None = None) -> str:
+    """Rows as `fmt` (table | json | csv); only the table is formatted for people."""
     if fmt == "json":
         return to_json(list(rows))
     if fmt == "csv":
         return to_csv(rows, columns)
-    return table(rows, columns, title)
+    return table(rows, columns, title, kinds)

@@ -112,6 +112,9 @@ class SearchResult:
     hw: Any = None
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    smallest: Any = None          # the priced plan that needs the least memory (fitting or not)
+    memory_limit: float = 0.0     # bytes per device a plan had to fit in
+    too_slow: int = 0             # plans that fit but missed max_step_time
 
     def objective_value(self, ev: Any) -> float:
         return objective_value(ev, self.objective, self.hw)
@@ -171,6 +174,7 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
         plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
                                  evaluator.layers, space, _pp_filter(model, space))
     fitting: list[Any] = []
+    smallest, too_slow = None, 0
     iterator = progress(plans) if progress else _null(plans)
     with iterator as items:
         for plan in items:
@@ -178,10 +182,17 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
                 ev = evaluator.timeline(plan)
             except DlperfError:
                 continue
-            if ev.memory_bytes_per_device <= limit and (max_step_time is None or ev.step_time_s <= max_step_time):
+            if smallest is None or ev.memory_bytes_per_device < smallest.memory_bytes_per_device:
+                smallest = ev
+            if ev.memory_bytes_per_device > limit:
+                continue
+            if max_step_time is None or ev.step_time_s <= max_step_time:
                 fitting.append(ev)
+            else:
+                too_slow += 1
     fitting.sort(key=lambda ev: (objective_value(ev, objective, hw), ev.memory_bytes_per_device))
-    return SearchResult(fitting, len(plans), len(fitting), objective, hw, time.perf_counter() - start)
+    return SearchResult(fitting, len(plans), len(fitting), objective, hw, time.perf_counter() - start,
+                        smallest=smallest, memory_limit=limit, too_slow=too_slow)
 
 
 def _pp_filter(model: Any, space: SearchSpace) -> Callable[[int], bool]:
@@ -266,9 +277,7 @@ class Sweep:
         out = []
         for p in self.points:
             r = p.prediction
-            row: dict[str, Any] = {"gpus": p.devices, "global_batch": p.global_batch,
-                                   "dp": p.plan.data_parallel if p.plan else None,
-                                   "tp": p.plan.tp if p.plan else None, "pp": p.plan.pp if p.plan else None}
+            row: dict[str, Any] = {"gpus": p.devices, "global_batch": p.global_batch, **_knobs(p.plan)}
             if r is None or ref is None:
                 row.update(step_time_s=None, samples_per_s=None, speedup=None, efficiency=None, fits=False)
             else:
@@ -284,6 +293,14 @@ class Sweep:
         import pandas as pd
 
         return pd.DataFrame(self.rows())
+
+
+def _knobs(plan: Plan | None) -> dict[str, Any]:
+    """The plan's degrees and the knobs that explain a sweep row (micro-batch, ZeRO, recomputation)."""
+    if plan is None:
+        return dict.fromkeys(("dp", "tp", "pp", "micro_batch", "zero", "recompute"))
+    return {"dp": plan.data_parallel, "tp": plan.tp, "pp": plan.pp, "micro_batch": plan.micro, "zero": plan.zero,
+            "recompute": plan.recompute}
 
 
 def _sweep_plan(model: Any, hw: Any, strategy: str, n: int, batch: int, micro: int | None,

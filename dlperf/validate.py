@@ -529,36 +529,9 @@ def mean_abs_error(results: Sequence[Result]) -> float:
 # ----------------------------------------------------------------------------------------------- plot
 
 
-def parity_plot(results: Sequence[Result], path: str) -> None:
-    """Predicted vs measured, log-log, one panel per unit, with the ideal line and +-10% / +-25% bands."""
-    import matplotlib
+def parity_plot(results: Sequence[Result], path: str | None = None) -> Any:
+    """Predicted vs measured, log-log, one panel per unit (dlperf.plot.parity_chart); returns the Figure and
+    writes it to `path` when given."""
+    from dlperf.plot import parity_chart
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    units = list(dict.fromkeys(r.row.unit for r in results))
-    fig, axes = plt.subplots(1, len(units), figsize=(5 * len(units), 4.6), squeeze=False)
-    for ax, unit in zip(axes[0], units, strict=True):
-        chosen = [r for r in results if r.row.unit == unit]
-        lo = min(min(r.row.value, r.predicted) for r in chosen) / 1.5
-        hi = max(max(r.row.value, r.predicted) for r in chosen) * 1.5
-        xs = [lo, hi]
-        ax.plot(xs, xs, color="black", linewidth=1, label="predicted = measured")
-        for band, alpha in ((0.25, 0.12), (0.10, 0.22)):
-            ax.fill_between(xs, [x * (1 - band) for x in xs], [x * (1 + band) for x in xs], color="tab:blue",
-                            alpha=alpha, linewidth=0, label=f"±{band:.0%}")
-        for source in dict.fromkeys(r.row.source for r in chosen):
-            points = [r for r in chosen if r.row.source == source]
-            ax.scatter([r.row.value for r in points], [r.predicted for r in points], s=18, label=source)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xlabel(f"measured {unit}")
-        ax.set_ylabel(f"predicted {unit}")
-        ax.set_title(unit)
-        ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    from dlperf.plot import save_figure
-
-    save_figure(fig, path, 120)
+    return parity_chart(results, path)

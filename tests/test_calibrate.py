@@ -306,7 +306,7 @@ def test_written_file_loads_and_the_engine_reproduces_the_measured_times(tmp_pat
     from dlperf.engine.device import phase_time
 
     cal = synthetic_calibration()
-    path = tmp_path / "hw" / "mine.yaml"
+    path = tmp_path / "mine.yaml"
     hw = hwfile.write_hardware(path, cal, "mine", network.template_levels("cpu-local"))
     loaded = load_hardware(path)
     assert loaded.name == "mine" and hw.name == "mine"

@@ -43,7 +43,7 @@ def test_quick_numpy_run_writes_a_loadable_file_and_a_plot(tiny_sweep, tmp_path,
                                     "--plot", str(png), "--threads", "1")
     assert code == 0, stderr
     assert "matmul fp32" in stdout and "memory copy" in stdout and "launch latency" in stdout
-    assert f"wrote {out}" in stdout
+    assert f"wrote {out}" in stderr
     hw = load_hardware(out)
     assert hw.name == "mine" and hw.calibration["backend"] == "numpy" and hw.calibration["threads"] == 1
     assert [lv.name for lv in hw.network] == [lv.name for lv in load_hardware("cpu-local").network]
@@ -54,9 +54,9 @@ def test_quick_numpy_run_writes_a_loadable_file_and_a_plot(tiny_sweep, tmp_path,
 def test_json_output_is_machine_readable(tiny_sweep, capsys):
     import json
 
-    code, stdout, _ = run_main(capsys, "calibrate", "--backend", "numpy", "--quick", "--format", "json",
+    code, stdout, _err = run_main(capsys, "calibrate", "--backend", "numpy", "--quick", "--format", "json",
                                "--name", "x")
-    assert code == 0
+    assert code == 0, _err
     rows = json.loads(stdout)
     assert any(r["constant"] == "matmul fp32" for r in rows)
 

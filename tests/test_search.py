@@ -153,28 +153,33 @@ def test_strong_sweep_keeps_batch(a100, gpt):
 
 
 def test_scaling_chart_data_and_file(resnet_sweep, tmp_path):
-    from dlperf.plot import scaling_chart
+    from dlperf.plot import scaling_chart, scaling_data
 
     path = tmp_path / "scaling.png"
-    data = scaling_chart([resnet_sweep], str(path))
+    fig = scaling_chart([resnet_sweep], str(path))
     assert path.stat().st_size > 10_000
-    (curve,) = data.values()
+    (curve,) = scaling_data([resnet_sweep]).values()
     rows = resnet_sweep.rows()
     assert curve["gpus"] == [1.0, 2.0, 4.0, 8.0]
     assert curve["samples_per_s"] == [r["samples_per_s"] for r in rows]
     assert curve["ideal_samples_per_s"] == [rows[0]["samples_per_s"] * n for n in (1, 2, 4, 8)]
     assert curve["efficiency"] == [r["efficiency"] for r in rows]
+    throughput, efficiency = fig.axes
+    assert list(throughput.lines[0].get_ydata()) == curve["samples_per_s"]
+    assert list(efficiency.lines[0].get_ydata()) == [100 * e for e in curve["efficiency"]]
 
 
 @pytest.mark.parametrize("suffix", ["svg", "pdf"])
 def test_breakdown_chart_formats(gpt, a100, tmp_path, suffix):
-    from dlperf.plot import breakdown_chart
+    from dlperf.plot import breakdown_chart, breakdown_data
 
     result = predict(gpt, a100, Plan(devices=8, tp=2, pp=2, global_batch=32, micro_batch=2))
     path = tmp_path / f"b.{suffix}"
-    data = breakdown_chart([result], ["gpt2-xl"], str(path))
+    fig = breakdown_chart([result], ["gpt2-xl"], str(path))
     assert path.stat().st_size > 1000
+    data = breakdown_data([result])
     assert data == {k: [v] for k, v in result.breakdown_s.items() if v}
+    assert [p.get_width() for p in fig.axes[0].patches] == pytest.approx([v[0] for v in data.values()], rel=1e-12)
 
 
 def test_explain_rescales_one_constant(gpt, a100):

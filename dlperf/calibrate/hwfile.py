@@ -68,11 +68,11 @@ def _fit_note(cal: Calibration, name: str) -> str:
 def device_constants(cal: Calibration) -> DeviceConstants:
     """The numbers for `device:` (see the module doc for how fits map onto the loader's curves)."""
     ref = f"matmul {REFERENCE_DTYPE}"
-    if not cal.has(ref):
-        raise CalibrationError(f"cannot write a hardware file without an {REFERENCE_DTYPE} GEMM fit")
-    for name in ("memory copy", "memory elementwise"):
+    for name in (ref, "memory copy", "memory elementwise"):
         if not cal.has(name):
-            raise CalibrationError(f"cannot write a hardware file without the {name} bandwidth fit")
+            why = next((n for n in cal.notes if n.startswith(f"{name}: not fitted")), f"{name}: not measured")
+            raise CalibrationError(f"cannot write a hardware file without the {name} fit ({why}); a busy or slow "
+                                   f"machine can leave too few or too noisy points: rerun when it is idle")
     launch = cal.launch.median if cal.launch is not None else DEFAULT_LAUNCH_LATENCY
     rates = {d: cal.fit(f"matmul {d}").rate for d in cal.dtypes}
     conv = cal.fit(f"conv {REFERENCE_DTYPE}") if cal.has(f"conv {REFERENCE_DTYPE}") else None
@@ -281,8 +281,8 @@ def check_text(text: str, path: str) -> Hardware:
 def write_atomic(path: str | Path, text: str) -> Path:
     """Write `text` to a temporary file beside `path`, fsync it and rename it over `path` (all or nothing)."""
     target = Path(path)
+    check_destination(target)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as err:
         raise CalibrationError(f"cannot write {target}: {err.strerror or err}") from None
@@ -291,6 +291,8 @@ def write_atomic(path: str | Path, text: str) -> Path:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        # mkstemp creates the file 0600; give it the mode a plain open() would (an existing file keeps its own)
+        os.chmod(tmp, target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_umask())
         os.replace(tmp, target)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
@@ -298,6 +300,24 @@ def write_atomic(path: str | Path, text: str) -> Path:
             raise CalibrationError(f"cannot write {target}: {err.strerror or err}") from None
         raise
     return target
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def check_destination(path: str | Path) -> None:
+    """A file can be written at `path`: its folder exists and is writable. Checked before a long run, so that a
+    typo does not cost the run (and no folder is created behind the user's back)."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise CalibrationError(f"cannot write {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise CalibrationError(f"cannot write {path}: the folder {folder} is not writable")
+    if Path(path).is_dir():
+        raise CalibrationError(f"cannot write {path}: it is a folder")
 
 
 def write_hardware(path: str | Path, cal: Calibration, name: str, levels: list[dict[str, Any]],

@@ -19,53 +19,63 @@ def _panels(cal: Calibration) -> list[tuple[str, list[Any], Any]]:
     return out
 
 
-def plot_calibration(cal: Calibration, path: str | Path, comm: Any = None) -> Path:
-    """Write a PNG/SVG/PDF of every fitted curve with the measured points (by family) it was fitted to."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise CalibrationError("--plot needs matplotlib (pip install matplotlib)") from None
+def plot_calibration(cal: Calibration, path: str | Path | None = None, comm: Any = None) -> Any:
+    """A figure of every fitted curve with the measured points (by family) it was fitted to; written to `path`
+    (PNG/SVG/PDF) when given. Returns the matplotlib Figure."""
     panels = _panels(cal)
     if comm is not None:
         panels += [(f"gloo {op}", None, f) for op, f in comm.fits.items()]
     if not panels:
         raise CalibrationError("nothing was fitted, so there is nothing to plot")
-    cols = min(3, len(panels))
-    rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
-    for ax, (title, points, fit) in zip(axes.flat, panels, strict=False):
+    fig, axes = panel_grid(len(panels), 5.2, 3.8)
+    for ax, (title, points, fit) in zip(axes, panels, strict=True):
         _panel(ax, title, points, fit, cal.dram_floor)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.set_visible(False)
     fig.suptitle(f"dlperf calibrate: {cal.device_name} ({cal.backend}, {cal.environment.get('threads')} threads)")
-    fig.tight_layout()
-    return save(fig, path)
+    if path is not None:
+        save(fig, path)
+    return fig
+
+
+def panel_grid(count: int, width: float, height: float, columns: int = 3) -> tuple[Any, list[Any]]:
+    """A figure with `count` panels, at most `columns` per row; a last row that is not full is centred, so no
+    empty frame is left where a panel would be."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise CalibrationError("--plot needs matplotlib (pip install matplotlib)") from None
+    cols = max(1, min(columns, count))
+    rows = -(-count // cols)
+    fig = Figure(figsize=(width * cols, height * rows), layout="constrained")
+    grid = fig.add_gridspec(rows, 2 * cols)  # half-column steps, so that a short last row can be centred
+    axes = []
+    for i in range(count):
+        row, col = divmod(i, cols)
+        in_row = min(cols, count - row * cols)
+        start = 2 * col + (cols - in_row)
+        axes.append(fig.add_subplot(grid[row, start:start + 2]))
+    return fig, axes
 
 
 def save(fig: Any, path: str | Path) -> Path:
-    """Write a figure and close it; a path that cannot be written is a one-line CalibrationError."""
-    import matplotlib.pyplot as plt
-
+    """Write a figure; a path that cannot be written is a one-line CalibrationError."""
     target = Path(path)
     try:
         fig.savefig(target, dpi=110)
     except (OSError, ValueError) as err:
         raise CalibrationError(f"cannot write plot {target}: {err}") from None
-    finally:
-        plt.close(fig)
     return target
 
 
 def _panel(ax: Any, title: str, points: list[Any] | None, fit: Any, floor: float) -> None:
+    from matplotlib.ticker import NullFormatter
+
     if points is None:  # a communication fit: fit carries its own sizes and medians
         sizes, times = np.array(fit.sizes), np.array(fit.medians)
         ax.loglog(sizes, times * 1e6, "o", ms=4, label="measured")
         grid = np.geomspace(sizes.min(), sizes.max(), 100)
         ax.loglog(grid, fit.fit.time(grid) * 1e6, "-", color="k",
                   label=f"alpha {fit.alpha * 1e6:.3g} us, {fit.bandwidth / 1e9:.3g} GB/s")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("message bytes")
         ax.set_ylabel("time (us)")
         ax.set_title(f"{title}: R^2 {fit.fit.r2:.3f}", fontsize=9)
@@ -83,6 +93,7 @@ def _panel(ax: Any, title: str, points: list[Any] | None, fit: Any, floor: float
                 label=f"fit: r_inf {fit.rate / scale:.4g} {unit}")
     if memory and floor:
         ax.axvline(floor, color="grey", ls=":", lw=1, label="fitted from here")
+    ax.xaxis.set_minor_formatter(NullFormatter())  # decades labelled, not 2x10^6, 3x10^6, ... on top of each other
     ax.set_xlabel("bytes moved" if memory else "FLOPs per call")
     ax.set_ylabel(unit)
     ax.set_title(f"{title}: R^2 {fit.r2:.3f} (log t), {fit.r2_rate:.3f} (rate); "

@@ -48,7 +48,8 @@ def show(name: str, sets: tuple[str, ...], dtype: str | None, survey: bool, fmt:
     if fmt == "table":
         for row in rows:
             row["output"] = shape_text(row["output"])
-        click.echo(render(rows + [totals], fmt, title=f"{model.name}: {model.description}"))
+        click.echo(render(rows + [totals], fmt, title=f"{model.name}: {model.description}\n(activation bytes and "
+                                                       f"forward FLOPs are per sample; --format json for raw numbers)"))
     else:
         click.echo(render(rows + [totals], fmt))
 

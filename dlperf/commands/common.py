@@ -39,5 +39,27 @@ def parse_sets(sets: tuple[str, ...]) -> dict[str, int]:
     return out
 
 
+# Exit codes (README): 0 done; 1 done, but the answer is "no" (the plan does not fit, no plan fits, the error
+# is above --max-error, the calibration check failed or the machine was too noisy to judge); 2 bad input.
+EXIT_NO = 1
+
+
+def warn(text: str) -> None:
+    """One warning line on stderr, so that a pipe reading stdout still sees it on the terminal."""
+    click.echo(f"warning: {text}", err=True)
+
+
+def exit_unless_fits(result: Any) -> None:
+    """A prediction of a plan that does not fit is printed, then said on stderr and ends with exit code 1."""
+    if not result.fits:
+        warn(next((n for n in result.notes if n.startswith("DOES NOT FIT")), "the plan does not fit in memory"))
+        raise SystemExit(EXIT_NO)
+
+
+def wrote(path: str) -> None:
+    """Every command that writes a file says which, on stderr (stdout stays the result)."""
+    click.echo(f"wrote {path}", err=True)
+
+
 def shape_text(shape: tuple[Any, ...]) -> str:
     return "x".join(str(d) for d in shape)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from dlperf.commands.common import format_option, parse_sets, set_option
+from dlperf.commands.common import exit_unless_fits, format_option, parse_sets, set_option, wrote
 from dlperf.report import render, to_json
 
 DTYPE_CHOICES = click.Choice(["fp32", "tf32", "fp16", "bf16", "fp8"])
@@ -82,7 +82,27 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         from dlperf.engine.defaults import default_plan
 
         return default_plan(model, hw, base, notes)
+    if base.pp > 1 and base.micro_batch is None:
+        # Megatron-LM's default and its published runs: micro-batch 1 with pipelining, so that the m = B/(dp*b)
+        # micro-batches fill the pipeline (bubble (pp-1)/(m+pp-1); Narayanan et al. 2021, section 2.2 and Table 1)
+        base = base.with_(micro_batch=1)
+        notes.append(f"micro-batch not given: 1 with pipelining (Megatron-LM's default), {base.micro_batches} "
+                     f"micro-batches per step")
+        _check_interleaving(base)
     return base, notes
+
+
+def _check_interleaving(plan: Any) -> None:
+    """The interleaved schedule's rule, said about the value the user gave (the global batch), not the filled-in
+    micro-batch."""
+    from dlperf.errors import PlanError
+
+    if plan.schedule == "interleaved" and plan.micro_batches % plan.pp:
+        raise PlanError(f"the interleaved schedule needs the micro-batches per step (global batch "
+                        f"{plan.global_batch} / dp={plan.data_parallel} at micro-batch 1 = {plan.micro_batches}) "
+                        f"divisible by pp={plan.pp}",
+                        expected=f"a global batch that is a multiple of {plan.data_parallel * plan.pp}",
+                        found=plan.global_batch)
 
 
 def _load(model_name: str, hardware: str, sets: tuple[str, ...]) -> tuple[Any, Any]:
@@ -99,23 +119,26 @@ def _load(model_name: str, hardware: str, sets: tuple[str, ...]) -> tuple[Any, A
 @plan_options
 @click.option("--symbolic", is_flag=True, help="Print the closed form of step time, work W, depth D and W/D.")
 @click.option("--latex", is_flag=True, help="With --symbolic: print the formulas as LaTeX.")
+@click.option("--full", is_flag=True,
+              help="With --symbolic: keep every kernel's max(compute, memory) instead of the bound that holds at the "
+                   "plan's micro-batch.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a breakdown bar chart.")
 @format_option
-def predict(model: str, hardware: str, sets: tuple[str, ...], symbolic: bool, latex: bool, plot: str | None,
-            fmt: str, **opts: Any) -> None:
+def predict(model: str, hardware: str, sets: tuple[str, ...], symbolic: bool, latex: bool, full: bool,
+            plot: str | None, fmt: str, **opts: Any) -> None:
     """Predict step time, throughput, MFU and memory of training MODEL on HARDWARE."""
     from dlperf.engine import predict as run
     from dlperf.plan import validate
 
+    if (latex or full) and not symbolic:
+        raise click.UsageError(f"--{'latex' if latex else 'full'} only changes the --symbolic view; add --symbolic")
     spec, hw = _load(model, hardware, sets)
     plan, notes = build_plan(spec, hw, opts)
     if symbolic:
         from dlperf.engine.step import StepModel
 
         validate(plan, heads=StepModel(spec, hw).heads)
-        from dlperf.engine.symbolic import closed_form_text
-
-        click.echo(closed_form_text(spec, hw, plan, latex))
+        click.echo(_render_symbolic(spec, hw, plan, full, latex, fmt, notes))
         return
     result = run(spec, hw, plan)
     result.notes = notes + result.notes
@@ -123,7 +146,25 @@ def predict(model: str, hardware: str, sets: tuple[str, ...], symbolic: bool, la
         from dlperf.plot import breakdown_chart
 
         breakdown_chart([result], [spec.name], plot)
+        wrote(plot)
     click.echo(_render_prediction(result, spec, hw, fmt))
+    exit_unless_fits(result)
+
+
+def _render_symbolic(spec: Any, hw: Any, plan: Any, full: bool, latex: bool, fmt: str, notes: list[str]) -> str:
+    import sympy
+
+    from dlperf.engine.symbolic import symbolic_text, symbolic_view
+
+    view = symbolic_view(spec, hw, plan, full)
+    view["notes"] = notes + view["notes"]
+    show = sympy.latex if latex else sympy.sstr
+    formulas = {k: show(view[k]) for k in ("T(B)", "T_step", "W", "D", "W/D")}
+    if fmt == "json":
+        return to_json({**{k: v for k, v in view.items() if k not in formulas}, **formulas})
+    if fmt == "csv":
+        return render([{"name": k, "expression": v} for k, v in formulas.items()], "csv").rstrip("\n")
+    return symbolic_text(view, latex)
 
 
 def _render_prediction(result: Any, spec: Any, hw: Any, fmt: str) -> str:
@@ -147,7 +188,7 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
              f"global batch {p['global_batch']} (micro-batch {p['micro_batch']} x {p['micro_batches']}), "
              f"{p['dtype']}, {p['optimizer']}, recompute {p['recompute']}, zero {p['zero']}"]
     lines += [f"note: {n}" for n in r.notes]
-    rows = [{"part": k, "seconds": v, "share": v / r.step_time_s} for k, v in r.breakdown_s.items() if v]
+    rows = [{"part": k, "time_s": v, "share": v / r.step_time_s} for k, v in r.breakdown_s.items() if v]
     lines.append(render(rows, "table"))
     by_type = sorted(r.per_type_s.items(), key=lambda kv: -kv[1])[:6]
     lines.append("by layer type   " + ", ".join(f"{k} {q(v, 'time')}" for k, v in by_type))
@@ -181,7 +222,7 @@ def compare(model: str, hardware: str, sets: tuple[str, ...], devices: int, glob
     rows = []
     for name, plan, result, why in strategy_plans(spec, hw, devices, global_batch, dtype):
         row = {"strategy": name, "dp": plan.data_parallel if plan else None, "tp": plan.tp if plan else None,
-               "pp": plan.pp if plan else None}
+               "pp": plan.pp if plan else None, "micro_batch": plan.micro if plan else None}
         if result is None:
             row.update(step_time_s=None, samples_per_s=None, mfu=None, memory_gib=None, fits=False, note=why)
         else:

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from dlperf.commands.common import format_option, set_option
+from dlperf.commands.common import EXIT_NO, exit_unless_fits, format_option, set_option, warn, wrote
 from dlperf.commands.predict import DTYPE_CHOICES, _load, build_plan, plan_options
 from dlperf.report import render, to_json
 
@@ -59,9 +59,12 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
                  max_memory=_memory_option(max_memory), base=Plan(dtype=dtype), space=space,
                  progress=terminal_progress("searching plans"), max_step_time=max_step_time)
     rows = result.rows(top)
+    if not rows:
+        _no_plan(result, fmt)
+        raise SystemExit(EXIT_NO)
     summary = {"model": spec.name, "hardware": hw.name, "devices": devices, "global_batch": global_batch,
-               "objective": objective, "considered": result.considered, "feasible": result.feasible,
-               "search_seconds": result.elapsed_s}
+               "objective": objective, "cost_unit": "USD" if hw.price_per_device_hour else "device-hours",
+               "considered": result.considered, "feasible": result.feasible, "search_seconds": result.elapsed_s}
     if fmt == "json":
         click.echo(to_json({**summary, "plans": rows}))
         return
@@ -74,11 +77,34 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
                  "sequence_parallel", "step_time_s", "samples_per_s", "memory_gib"]
     if objective == "cost" or len(counts) > 1:
         plan_cols = ["rank", "devices"] + plan_cols[1:] + (["cost_per_step"] if objective == "cost" else [])
+    if objective == "cost":
+        unit = "USD" if hw.price_per_device_hour else "device-hours"
+        plan_cols[plan_cols.index("cost_per_step")] = f"cost_per_step ({unit})"
+        rows = [{**r, f"cost_per_step ({unit})": r["cost_per_step"]} for r in rows]
     click.echo(render(rows, "table", columns=plan_cols, title=title))
     if rows:
         short = [{"rank": r["rank"], **{k: r[k] for k in BREAKDOWN_COLUMNS}} for r in rows]
-        click.echo("\nstep-time breakdown (s)")
-        click.echo(render(short, "table"))
+        click.echo("\nstep-time breakdown")
+        click.echo(render(short, "table", kinds=dict.fromkeys(BREAKDOWN_COLUMNS, "time")))
+
+
+def _no_plan(result: Any, fmt: str) -> None:
+    """Nothing fits (or meets the time budget): say why, with the smallest memory any plan needed."""
+    from dlperf.units import format_quantity as q
+
+    if result.too_slow:
+        why = f"{result.too_slow:,} fit in memory but none meets --max-step-time"
+    elif result.smallest is None:
+        why = "no plan is valid for this device count and batch"
+    else:
+        p = result.smallest.plan
+        why = (f"the smallest needs {q(result.smallest.memory_bytes_per_device, 'bytes')} per device "
+               f"(dp={p.data_parallel} tp={p.tp} pp={p.pp} micro-batch {p.micro} zero {p.zero} recompute "
+               f"{p.recompute}), the limit is {q(result.memory_limit, 'bytes')}")
+    message = f"no plan fits: {result.considered:,} plans considered; {why}"
+    if fmt == "json":
+        click.echo(to_json({"plans": [], "considered": result.considered, "feasible": 0, "message": message}))
+    warn(message)
 
 
 @click.command("sweep")
@@ -114,8 +140,21 @@ def sweep(model: str, hardware: str, sets: tuple[str, ...], gpus: str, strategy:
         from dlperf.plot import scaling_chart
 
         scaling_chart([result], plot)
+        wrote(plot)
     title = f"{spec.name} on {hw.name}, {strategy} parallelism, {result.mode} scaling"
     click.echo(render(result.rows(), fmt, title=title))
+    _warn_sweep(result)
+
+
+def _warn_sweep(result: Any) -> None:
+    """Points without a prediction or whose plan does not fit are rows like the others: say so on stderr."""
+    rows = result.rows()
+    missing = [str(r["gpus"]) for r in rows if r["samples_per_s"] is None]
+    too_big = [str(r["gpus"]) for r in rows if r["samples_per_s"] is not None and not r["fits"]]
+    if too_big:
+        warn(f"the plan does not fit in device memory at {', '.join(too_big)} GPUs (fits = no)")
+    if missing:
+        warn(f"no prediction at {', '.join(missing)} GPUs (see the note column)")
 
 
 @click.command("explain")
@@ -130,6 +169,7 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
     """Sensitivity of step time to each hardware constant and plan knob, and the bottleneck."""
     from dlperf.search import explain as run
     from dlperf.search import format_change
+    from dlperf.units import format_quantity
 
     spec, hw = _load(model, hardware, sets)
     plan, notes = build_plan(spec, hw, opts)
@@ -138,15 +178,18 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
     if fmt == "json":
         click.echo(to_json({"step_time_s": out["prediction"].step_time_s, "bottleneck": out["bottleneck"],
                             "bottleneck_share": out["bottleneck_share"], "plan": out["prediction"].plan,
-                            "sensitivities": rows, "notes": notes}))
+                            "sensitivities": rows, "notes": notes + out["prediction"].notes}))
+        exit_unless_fits(out["prediction"])
         return
     if fmt == "csv":
         click.echo(render(rows, "csv"))
+        exit_unless_fits(out["prediction"])
         return
     r = out["prediction"]
+    notes = notes + r.notes
     p = r.plan
     lines = [f"{spec.name} on {p['devices']} x {hw.device.name}: dp={p['dp']} tp={p['tp']} pp={p['pp']}, "
-             f"step time {r.step_time_s:.4g} s"]
+             f"step time {format_quantity(r.step_time_s, 'time')}"]
     lines += [f"note: {n}" for n in notes]
     lines.append(f"bottleneck: {out['bottleneck']} ({100 * out['bottleneck_share']:.1f}% of the step)")
     lines.append("sensitivities (each computed by re-predicting with that one constant or knob changed):")
@@ -154,14 +197,16 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
     lines += [f"  {row['change']:<{width}} -> {format_change(row['step_time_change'])} step time" for row in rows]
     lines += _closed_form_lines(spec, hw, plan, p["dtype"])
     click.echo("\n".join(lines))
+    exit_unless_fits(r)
 
 
 def _closed_form_lines(spec: Any, hw: Any, plan: Any, dtype: str) -> list[str]:
     """The one-device closed form of a micro-batch's compute and its symbolic elasticities d ln T / d ln X."""
     from dlperf.engine.symbolic import elasticities
+    from dlperf.units import format_quantity
 
     forms = elasticities(spec, hw, dtype, plan.micro)
     lines = [f"closed form T(B) (one device, forward+backward of a micro-batch, B = {plan.micro}: "
-             f"{forms['T_value']:.4g} s; `dlperf predict --symbolic` prints it), its derivatives:"]
+             f"{format_quantity(forms['T_value'], 'time')}; `dlperf predict --symbolic` prints it), its derivatives:"]
     lines += [f"  d ln T / d ln {label:<26} = {value:+.3f}" for label, value in forms.items() if label != "T_value"]
     return lines

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from dlperf.commands.common import format_option
+from dlperf.commands.common import format_option, wrote
 from dlperf.report import render, to_json
 
 ROW_COLUMNS = ("id", "source", "unit", "measured", "predicted", "error_pct", "evidence", "tags")
@@ -82,7 +82,7 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
             _echo_pending(waiting, fmt)
     if plot:
         parity_plot(results, plot)
-        click.echo(f"parity plot written to {plot}", err=True)
+        wrote(plot)
     if max_error is not None and mean_abs_error(results) > max_error:
         click.echo(f"mean absolute error {mean_abs_error(results):.1f}% exceeds --max-error {max_error:g}%", err=True)
         # sys.exit, not click's Exit: with standalone_mode=False click returns Exit's code instead of exiting.

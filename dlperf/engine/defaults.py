@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlperf.errors import DlperfError
+from dlperf.errors import DlperfError, PlanError
 from dlperf.mathx import divisors as _divisors
 from dlperf.plan import Plan
 
@@ -45,18 +45,38 @@ def best_plan(model: Any, hw: Any, base: Plan) -> tuple[Plan | None, Any]:
 
 
 def default_plan(model: Any, hw: Any, base: Plan, notes: list[str]) -> tuple[Plan, list[str]]:
-    """Pure data parallelism when it fits; otherwise the fastest fitting tp x pp (x dp) plan."""
-    data = base.with_(dp=base.devices, tp=1, pp=1)
-    result = _try(model, hw, data)
+    """Pure data parallelism when it fits; otherwise the fastest fitting tp x pp (x dp) plan. The note says
+    why data parallelism was not chosen. A batch that pure data parallelism cannot split, for a model that
+    would fit under it, is an error naming the batch: running it tensor-parallel instead would be a surprise."""
+    from dlperf.engine import predict
+    from dlperf.units import format_quantity as q
+
+    n, batch = base.devices, base.global_batch
+    data = base.with_(dp=n, tp=1, pp=1)
+    # judged at the next batch that splits evenly when this one does not: would the model fit at all?
+    probe = data if batch % n == 0 else data.with_(global_batch=n * -(-batch // n))
+    try:
+        result, why = predict(model, hw, probe), ""
+    except DlperfError as err:
+        result, why = None, f"pure data parallelism dp={n} is not possible ({err})"
     if result is not None and result.fits:
-        notes.append(f"degrees not given: pure data parallelism dp={base.devices} (the model fits)")
+        if batch % n:
+            raise PlanError(f"global batch {batch} does not split over {n} devices under pure data parallelism "
+                            f"(the default when no degree is given)",
+                            expected=f"a multiple of {n} (e.g. {max(n, n * (batch // n))} or {n * -(-batch // n)}), "
+                                     f"or degrees given with --dp/--tp/--pp", found=batch)
+        notes.append(f"degrees not given: pure data parallelism dp={n} (the model fits)")
         return data, notes
+    if result is not None:
+        why = (f"pure data parallelism dp={n} does not fit ({q(result.memory_bytes_per_device, 'bytes')} per "
+               f"device of {q(hw.device.memory, 'bytes')})")
     plan, _ = best_plan(model, hw, base)
     if plan is None:
-        notes.append("no plan fits in device memory; showing pure data parallelism")
+        notes.append(f"no plan fits in device memory: {why}; showing pure data parallelism")
         return data, notes
-    notes.append(f"degrees not given: data parallelism does not fit; chose dp={plan.data_parallel} tp={plan.tp} "
-                 f"pp={plan.pp} recompute={plan.recompute} (fastest that fits)")
+    micro = f" micro-batch {plan.micro}" if plan.pp > 1 else ""
+    notes.append(f"degrees not given: {why}; chose dp={plan.data_parallel} tp={plan.tp} pp={plan.pp}{micro} "
+                 f"recompute={plan.recompute} (fastest that fits)")
     return plan, notes
 
 

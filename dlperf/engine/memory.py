@@ -1,5 +1,8 @@
 """Memory per device: model states (after ZeRO sharding), activations of in-flight micro-batches, buffers.
 
+What the runtime reserves (CUDA context, communication buffers, allocator fragmentation) is part of the total,
+so that a plan that "fits" leaves room for it (the device's memory_reserved and memory_fragmentation).
+
 Model states per parameter (Rajbhandari et al. 2020, ZeRO, section 3.1): mixed-precision Adam keeps 2 B weights,
 2 B gradients and 12 B optimizer state (fp32 master weights, momentum, variance) = 16 B; fp32 Adam 4 + 4 + 8.
 ZeRO-1 shards the optimizer state over dp, ZeRO-2 also the gradients, ZeRO-3 also the weights.
@@ -54,14 +57,27 @@ def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], 
     else:
         acts = first.saved_bytes * micro_batches_in_flight
     buffers = DDP_BUFFER_BYTES if plan.data_parallel > 1 else 0
-    total = sum(states.values()) + acts + buffers
-    return {**states, "activations": acts, "buffers": buffers, "total": total}
+    allocated = sum(states.values()) + acts + buffers
+    reserved = runtime_reserve(hw, allocated)
+    return {**states, "activations": acts, "buffers": buffers, "reserved": reserved, "total": allocated + reserved}
+
+
+def runtime_reserve(hw: Hardware, allocated: Any) -> Any:
+    """What the runtime holds beside the model's tensors: a fixed part (CUDA context, communication buffers) and
+    the allocator's fragmentation as a fraction of what is allocated (dlperf.spec.hardware.DEFAULT_MEMORY_*)."""
+    return hw.device.memory_reserved + hw.device.memory_fragmentation * allocated
 
 
 def _blocks(model: Model) -> list[Any]:
     from dlperf.spec.model import Seq
 
     return [item for item in model.root.items if isinstance(item, Seq) and item.repeat > 1]
+
+
+def gather_units(model: Model, plan: Plan) -> int:
+    """How many units ZeRO-3 gathers parameters in on one stage: the repeated blocks it holds (FSDP wraps each
+    transformer block), or 1 for a model without a repeated block."""
+    return max(_blocks_in_stage(model, plan), 1) if _blocks(model) else 1
 
 
 def _blocks_in_stage(model: Model, plan: Plan) -> int:

@@ -219,13 +219,14 @@ class StepModel:
         key = (id(slow), plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
                plan.parameter_server, plan.compression, plan.grad_dtype, dtype)
         if key not in self._dp:
-            self._dp[key] = _dp_comm(self.hw, plan, slow, dtype, self.comm)
+            self._dp[key] = _dp_comm(self.hw, plan, slow, dtype, self.comm, mem.gather_units(self.model, plan))
         return self._dp[key]
 
     def predict(self, plan: Plan) -> Prediction:
         t = self.timeline(plan)
         model_flops, hardware_flops, matrix_flops = step_flops(self.model, plan, element_bytes(t.dtype))
         per_device = t.step_time_s * plan.devices * 1e12
+        fits = bool(t.memory["total"] <= self.hw.device.memory)
         return Prediction(
             step_time_s=t.step_time_s,
             throughput_samples_per_s=t.throughput(),
@@ -236,13 +237,23 @@ class StepModel:
             breakdown_s=t.breakdown_s,
             memory=t.memory,
             memory_bytes_per_device=t.memory["total"],
-            fits=t.memory["total"] <= self.hw.device.memory,
+            fits=fits,
             work_flops=model_flops + _optimizer_flops(self.model, plan),
             depth=float(model_cost(self.model, plan.micro, t.dtype).total_depth),
             plan=plan.to_dict() | {"dtype": t.dtype},
             staleness=t.staleness,
             per_type_s={k: plan.micro_batches * x for k, x in t.slow.per_type.items()},
+            notes=[] if fits else [memory_note(t.memory, self.hw)],
         )
+
+
+def memory_note(memory: dict[str, Any], hw: Hardware) -> str:
+    """Why a plan does not fit: what it needs per device against what the device has."""
+    from dlperf.units import format_quantity as q
+
+    need, have, reserve = float(memory["total"]), hw.device.memory, float(memory["reserved"])
+    return (f"DOES NOT FIT: needs {q(need, 'bytes')} per device (runtime reserve {q(reserve, 'bytes')} included), the "
+            f"{hw.device.name} has {q(have, 'bytes')} ({q(need - have, 'bytes')} over)")
 
 
 def _head_start(items: list[Any]) -> int:
@@ -319,7 +330,8 @@ def _p2p_time(boundary: Any, hw: Hardware, plan: Plan, e: int, comm: Any) -> flo
     return t
 
 
-def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -> tuple[Any, Any, Any, Any]:
+def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
+             units: int = 1) -> tuple[Any, Any, Any, Any]:
     """Gradient synchronisation across dp replicas: (total, exposed) seconds per step, plus the (total,
     exposed) that recur for every micro-batch, so that `_dp_with_micro_batches` scales them by m.
 
@@ -328,10 +340,10 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -
     bucket, is exposed. ZeRO-1 reduce-scatters the gradients the same way, then allgathers the updated parameter
     shards after the optimizer step, which nothing hides; ZeRO-2 keeps only gradient shards, so it
     reduce-scatters in every micro-batch's backward pass. ZeRO-3 also allgathers each layer's parameters before
-    its forward and its backward pass, for every micro-batch, prefetched under that pass's compute (Rajbhandari
-    et al. 2020, sections 5 and 7). Megatron-LM issues the reduction after the pipeline flush, so with pp > 1 it is
-    exposed unless overlap is forced. The survey's sharded parameter server and compressed allreduce replace
-    the allreduce when the plan asks for them.
+    its forward and its backward pass, for every micro-batch (Rajbhandari et al. 2020, sections 5 and 7), one
+    gather unit (a repeated block) at a time: see `_zero3_per_micro`. Megatron-LM issues the reduction after the
+    pipeline flush, so with pp > 1 it is exposed unless overlap is forced. The survey's sharded parameter server
+    and compressed allreduce replace the allreduce when the plan asks for them.
     """
     dp = plan.data_parallel
     params = slow.dp_params
@@ -362,17 +374,53 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any) -
     if plan.zero == 0:
         total = comm.collective_time("allreduce", grad_bytes, group, hw)
         return total, hidden_behind(total, slow.backward, last_bucket), 0.0, 0.0
+    if plan.zero == 3:
+        return (0.0, 0.0) + _zero3_per_micro(comm, hw, group, grad_bytes, units, slow.forward, slow.backward,
+                                             overlap, stolen)
     reduce = comm.collective_time("reduce_scatter", grad_bytes, group, hw)
     gather = comm.collective_time("allgather", grad_bytes, group, hw)
     if plan.zero == 1:
         return reduce + gather, hidden_behind(reduce, slow.backward, last_bucket) + gather, 0.0, 0.0
-    if plan.zero == 2:  # gradients are kept as shards, so every micro-batch's backward reduce-scatters them
-        return gather, gather, reduce, hidden_behind(reduce, slow.backward, last_bucket)
-    # ZeRO-3: per micro-batch, parameters gathered for forward and again for backward, gradients scattered;
-    # the backward gather and scatter share the links, so their sum hides behind the backward pass.
-    per_micro_exposed = (hidden_behind(gather, slow.forward, 0.0)
-                         + hidden_behind(gather + reduce, slow.backward, last_bucket))
-    return 0.0, 0.0, 2 * gather + reduce, per_micro_exposed
+    # ZeRO-2: gradients are kept as shards, so every micro-batch's backward reduce-scatters them
+    return gather, gather, reduce, hidden_behind(reduce, slow.backward, last_bucket)
+
+
+def _zero3_per_micro(comm: Any, hw: Hardware, group: Any, nbytes: float, units: int, forward: Any, backward: Any,
+                     overlap: bool, stolen: float = 0.0) -> tuple[Any, Any]:
+    """(total, exposed) ZeRO-3 communication of one micro-batch: what limits hiding the parameter gathers.
+
+    - Granularity: parameters are gathered one unit at a time (FSDP wraps each transformer block; Zhao et al.
+      2023, "PyTorch FSDP", VLDB, section 3.2), so each of the L units pays a collective of nbytes/L with its own
+      latency term: over hundreds of ranks a ring's (p-1) steps of latency recur L times per pass
+      (Rajbhandari et al. 2021, ZeRO-Infinity, section 6.2 sizes its bandwidth-centric partitioning around
+      exactly this).
+    - Prefetch: unit i's gather can overlap only the compute of the units before it. With a serial link and a
+      serial compute stream of uniform units, the first gather is always exposed and each later one hides
+      behind one unit's compute: exposed = g + (L-1) max(g - c, 0), which is also what any deeper prefetch
+      reaches (the link is busy back to back once g > c), so FSDP's one-unit-ahead prefetch (Zhao et al.
+      2023, section 3.3.2, backward and forward prefetching) loses nothing against it for uniform blocks.
+    - Backward: unit i's gather and unit i+1's gradient reduce-scatter share the links; the last
+      reduce-scatter has no compute after it.
+    - Contention: while a gather overlaps compute, its NCCL channels hold SMs (`stolen`, the fraction
+      `_overlap_contention` gives), charged on the overlapped part as for every other hidden collective.
+
+    Sanity check, never a fit: Narayanan et al. 2021 (Table 2 and section 5.4) measured ZeRO-3 at 768-2240 A100s
+    3-5x slower than a bandwidth bound would suggest."""
+    L = max(int(units), 1)
+    g = comm.collective_time("allgather", nbytes / L, group, hw)
+    r = comm.collective_time("reduce_scatter", nbytes / L, group, hw)
+    total = L * (2 * g + r)
+    if not overlap:
+        return total, total
+    return total, (_pipelined(g, forward / L, L, 0.0, stolen) + _pipelined(g + r, backward / L, L, r, stolen))
+
+
+def _pipelined(comm_unit: Any, compute_unit: Any, units: int, tail: Any, stolen: float) -> Any:
+    """Exposed time of `units` transfers each hidden behind the previous unit's compute (see _zero3_per_micro),
+    plus the overlapped compute's slowdown from sharing the device, plus a `tail` that nothing follows."""
+    first = comm_unit - tail if tail else comm_unit  # the backward's first unit gathers, it has not reduced yet
+    later = (units - 1) * (max(comm_unit - compute_unit, 0.0) + stolen * min(comm_unit, compute_unit))
+    return first + later + tail
 
 
 def _dp_with_micro_batches(parts: tuple[Any, Any, Any, Any], m: Any) -> tuple[Any, Any]:

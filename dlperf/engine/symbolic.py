@@ -63,18 +63,71 @@ def closed_form(model: Model, hw: Hardware, dtype: str, choose_at: int = 1) -> d
             "W/D": sympy.simplify(work / depth)}
 
 
-def closed_form_text(model: Model, hw: Hardware, plan: Any, latex: bool = False) -> str:
+def resolve_bounds(expr: Any, values: dict[Any, float]) -> Any:
+    """Each Max(compute, memory) replaced by the branch that is larger at `values` (B and the hardware
+    constants), then like terms collected: the short form of a long closed form, exact near those values."""
+    def pick(*args: Any) -> Any:
+        return max(args, key=lambda a: float(a.subs(values)))
+
+    return sympy.expand(expr.replace(sympy.Max, pick))
+
+
+def symbolic_view(model: Model, hw: Hardware, plan: Any, full: bool = False) -> dict[str, Any]:
+    """What `dlperf predict --symbolic` shows for a plan without tensor or pipeline parallelism: the closed form
+    of one device's forward and backward pass over a micro-batch of B samples, T(B); the step as m micro-batches
+    of it plus the plan's numeric remainder (exposed data-parallel communication, optimizer); W, D and W/D.
+    Unless `full`, every kernel's roofline bound is fixed as it is at B = the plan's micro-batch."""
+    from dlperf.engine import predict
+    from dlperf.errors import PlanError
+    from dlperf.units import format_quantity
+
+    if plan.tp > 1 or plan.pp > 1:
+        raise PlanError(f"--symbolic gives the closed form of plans without tensor or pipeline parallelism "
+                        f"(tp=1 pp=1); this plan has tp={plan.tp} pp={plan.pp}: `dlperf predict` without --symbolic "
+                        f"prices it and `dlperf explain` gives its sensitivities")
     dtype = plan.dtype or model.dtype
-    forms = closed_form(model, hw, dtype, plan.micro)
+    result = predict(model, hw, plan)
     values = {F: hw.device.peak(dtype), F32: hw.device.peak("fp32"), M: hw.device.memory_bandwidth,
-              LAM: hw.device.launch_latency}
-    lines = [f"# {model.name} on one {hw.device.name} ({dtype}); B = samples per step, F = {values[F]:.4g} FLOP/s,"
-             f" F32 = {values[F32]:.4g}, M = {values[M]:.4g} B/s, lam = {values[LAM]:.3g} s"]
-    if plan.devices > 1:
-        lines.append("# (one device: the parallel terms are in `dlperf explain` and `dlperf predict`)")
-    for name, value in forms.items():
-        text = sympy.latex(value) if latex else sympy.sstr(value)
-        lines.append(f"{name} = {text}")
+              LAM: hw.device.launch_latency, B: plan.micro}
+    forms = closed_form(model, hw, dtype, plan.micro)
+    t_micro = forms["T_step"] if full else resolve_bounds(forms["T_step"], values)
+    m = plan.micro_batches
+    compute = sum(v for k, v in result.breakdown_s.items() if k.startswith("compute/"))
+    rest = result.step_time_s - compute
+    what = (f"one {hw.device.name}'s forward and backward pass over a micro-batch of B samples ({model.name}, "
+            f"{dtype})" + ("" if full else f"; each kernel's compute-or-memory bound as at B = {plan.micro}"))
+    return {
+        "what": what,
+        "plan": f"{plan.devices} device(s), dp={plan.data_parallel}, micro-batch {plan.micro} x {m} per step",
+        "symbols": {"B": plan.micro, "F": values[F], "F32": values[F32], "M": values[M], "lam": values[LAM]},
+        "T(B)": t_micro,
+        "T_step": sympy.Float(m, 4) * t_micro.subs(B, plan.micro) + sympy.Float(rest, 4) if m != 1 or rest else
+        t_micro.subs(B, plan.micro),
+        "T_step_value_s": result.step_time_s,
+        "W": forms["W"],
+        "D": forms["D"] if full else _at(resolve_bounds(forms["D"], values), plan.micro),
+        "W/D": forms["W/D"] if full else _at(resolve_bounds(forms["W/D"], values), plan.micro),
+        "notes": [f"T_step = {m} x T({plan.micro}) + {format_quantity(rest, 'time')} of exposed data-parallel "
+                  f"communication and optimizer (numbers from `dlperf predict`); F, F32, M, lam stay symbols"]
+                 + ([] if full else [f"D and W/D at B = {plan.micro} (--full: as expressions in B)"]),
+    }
+
+
+def _at(expr: Any, batch: int) -> Any:
+    """An expression's value at B = batch, rounded to 4 significant digits (exact integers stay exact)."""
+    value = sympy.nsimplify(expr.subs(B, batch))
+    return value if value.is_Integer else sympy.Float(value, 4)
+
+
+def symbolic_text(view: dict[str, Any], latex: bool = False) -> str:
+    """The view as lines of text (LaTeX formulas with `latex`)."""
+    sym = view["symbols"]
+    lines = [f"# {view['what']}", f"# plan: {view['plan']}",
+             f"# F = {sym['F']:.4g} FLOP/s (matrix), F32 = {sym['F32']:.4g} FLOP/s (element-wise), "
+             f"M = {sym['M']:.4g} B/s, lam = {sym['lam']:.3g} s (launch)"]
+    lines += [f"# {n}" for n in view["notes"]]
+    for name in ("T(B)", "T_step", "W", "D", "W/D"):
+        lines.append(f"{name} = {sympy.latex(view[name]) if latex else sympy.sstr(view[name])}")
     return "\n".join(lines)
 
 

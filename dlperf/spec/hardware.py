@@ -13,6 +13,14 @@ Minimal form (accepted as it stands):
 outermost level has no size (it spans the whole cluster). Optional level keys: `efficiency` (achieved fraction of
 `bandwidth`), `links_per_domain` (NICs shared by one inner domain), `link` (nvlink | pci | net: NCCL's latency
 class, derived when absent, see link_kind) and `nvls_bandwidth` (measured NVLink SHARP all-reduce busbw).
+
+Optional device keys: `launch_latency`, `efficiency` (per kernel class: peak, half or startup, source), and
+what the runtime keeps for itself, so that "fits" means it fits:
+
+    memory_reserved: 1 GiB        # fixed per device: CUDA context, communication buffers (default below)
+    memory_fragmentation: 0.05    # fraction of the allocated bytes lost to the caching allocator's fragmentation
+
+Set both to 0 for a device where nothing is reserved (`memory_reserved: 0 B`, `memory_fragmentation: 0`).
 """
 
 from __future__ import annotations
@@ -58,6 +66,16 @@ DEFAULT_LAUNCH_LATENCY = 5e-6
 #   for a dispatch-bound model (pytorch/pytorch#82793, 2022).
 DEFAULT_DISPATCH = (6.8e-6, 4e-6)
 DEFAULT_CHANNELS = 2  # "it should just launch 2 SMs" on a one-NIC system, NCCL's minimum (NVIDIA/nccl#689)
+# What the runtime reserves on a GPU before the model's own tensors, unless the hardware file says otherwise:
+# - 1 GiB fixed: the CUDA context alone takes ~0.7-0.8 GiB once PyTorch touches a GPU (723 MiB for a one-element
+#   tensor, discuss.pytorch.org/t/73021; "~700+MB depending on the CUDA version", discuss.pytorch.org/t/81330),
+#   plus NCCL's communicator buffers (NCCL_BUFFSIZE = 4 MiB per channel and peer, NCCL environment-variable
+#   documentation; tens of channels over ring and tree give a few hundred MiB) and cuBLAS workspaces.
+# - 5% of what is allocated, for the caching allocator's fragmentation: an assumption, not a measurement; ZeRO
+#   saw out-of-memory errors with over 30% of memory still free in extreme cases (Rajbhandari et al. 2020,
+#   section 6.3, "memory fragmentation"), so 5% is the optimistic end. Override per hardware file.
+DEFAULT_MEMORY_RESERVED = float(2**30)
+DEFAULT_MEMORY_FRAGMENTATION = 0.05
 
 
 @dataclass(frozen=True)
@@ -96,6 +114,8 @@ class Device:
     sms: int | None = None                          # streaming multiprocessors (compute units)
     dispatch_forward: float = DEFAULT_DISPATCH[0]   # host seconds to issue one forward kernel
     dispatch_backward: float = DEFAULT_DISPATCH[1]  # ... one backward kernel
+    memory_reserved: float = DEFAULT_MEMORY_RESERVED
+    memory_fragmentation: float = DEFAULT_MEMORY_FRAGMENTATION
     dtype_curves: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -179,6 +199,7 @@ class Hardware:
 _TOP_KEYS = ("name", "source", "description", "device", "network", "price_per_device_hour", "calibration")
 _DEVICE_KEYS = (
     "name", "peak_flops", "memory", "memory_bandwidth", "launch_latency", "efficiency", "source", "sms", "dispatch",
+    "memory_reserved", "memory_fragmentation",
 )
 _DISPATCH_KEYS = ("forward", "backward", "source")
 _LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "link",
@@ -296,7 +317,24 @@ def _device(node: Any, file: str) -> Device:
         sms=_positive_int(node, "sms", file, where) if "sms" in node else None,
         dispatch_forward=dispatch[0],
         dispatch_backward=dispatch[1],
+        **_reserve(node, file),
     )
+
+
+def _reserve(node: dict, file: str) -> dict[str, float]:
+    """memory_reserved (bytes, may be 0) and memory_fragmentation (a fraction in [0, 1)) when the file gives them."""
+    out: dict[str, float] = {}
+    if "memory_reserved" in node:
+        value = node["memory_reserved"]
+        zero = value == 0 or (isinstance(value, str) and re.fullmatch(r"\s*0+(\.0*)?\s*[A-Za-z]*\s*", value))
+        out["memory_reserved"] = 0.0 if zero else _quantity(node, "memory_reserved", "bytes", file, "device")
+    if "memory_fragmentation" in node:
+        value = node["memory_fragmentation"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise SpecError(expected="a fraction in [0, 1)", found=value, file=file,
+                            line=line_of(node, "memory_fragmentation"), field="device.memory_fragmentation")
+        out["memory_fragmentation"] = float(value)
+    return out
 
 
 def _network(node: Any, file: str) -> tuple[NetworkLevel, ...]:
