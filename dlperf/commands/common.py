@@ -21,18 +21,22 @@ def set_option(fn: Callable) -> Callable:
                         help="Override a model parameter (repeatable), e.g. --set layers=24.")(fn)
 
 
-def parse_sets(sets: tuple[str, ...]) -> dict[str, int]:
-    """'--set layers=24' pairs into {'layers': 24}; values must be positive integers."""
-    out: dict[str, int] = {}
+def parse_sets(sets: tuple[str, ...]) -> dict[str, int | bool]:
+    """'--set layers=24' pairs into {'layers': 24}; values are positive integers, or true/false for a switch
+    such as `--set flash=true` (the model file says which its parameter is)."""
+    out: dict[str, int | bool] = {}
     for item in sets:
         name, sep, value = item.partition("=")
         name, value = name.strip(), value.strip()
         if not sep or not name:
             raise SpecError("--set", expected="NAME=VALUE", found=item)
+        if value.lower() in ("true", "false"):
+            out[name] = value.lower() == "true"
+            continue
         try:
             number = int(value)
         except ValueError:
-            raise SpecError(f"--set {name}", expected="a positive integer", found=value) from None
+            raise SpecError(f"--set {name}", expected="a positive integer or true/false", found=value) from None
         if number < 1:
             raise SpecError(f"--set {name}", expected="a positive integer", found=value)
         out[name] = number

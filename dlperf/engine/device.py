@@ -19,7 +19,7 @@ from dlperf import mathx
 from dlperf.ops.base import Kernel
 from dlperf.spec.hardware import Device, Efficiency
 
-MATRIX_CLASSES = ("matmul", "conv")
+MATRIX_CLASSES = ("matmul", "conv", "attention")  # tensor-core kernels, timed at the dtype's peak
 
 
 def startup_time(eff: Efficiency, top_rate: float) -> float:
@@ -129,7 +129,7 @@ def kernel_times(kernel: Kernel, device: Device, dtype: str, divisor: Any = 1,
     q_fwd, q_bwd = gemm_quantization(kernel, device, dtype, divisor, kernel.tp_dim or tp_dim)
     fwd = phase_time(c.fwd_flops / divisor, c.fwd_bytes / divisor, kernel.launches, kernel.cls, device, dtype,
                      q_fwd)
-    bwd_flops = c.bwd_data_flops + c.bwd_weight_flops
+    bwd_flops = c.bwd_data_flops + c.bwd_weight_flops + kernel.bwd_recompute_flops
     bwd_launches = 0 if mathx.is_zero(bwd_flops) and mathx.is_zero(c.bwd_bytes) else kernel.backward_launches
     bwd = phase_time(bwd_flops / divisor, c.bwd_bytes / divisor, bwd_launches, kernel.cls, device, dtype, q_bwd)
     return fwd, bwd

@@ -453,14 +453,15 @@ def step_flops(model: Model, plan: Plan, e: int) -> tuple[float, float, float]:
     """FLOPs of one step over the global batch: (model, executed, matrix).
 
     model: forward + backward, no recomputation (the MFU numerator, PaLM Appendix B convention).
-    executed: model + the forward work that recomputation repeats.
+    executed: model + the forward work that recomputation repeats, and the scores a fused attention kernel
+    recomputes inside its backward (FlashAttention).
     matrix: GEMM and convolution FLOPs only, recomputation included: the convention of Megatron-LM's published
     TF/s (Narayanan et al. 2021, eq. 3 counts only the matrix multiplications).
     """
     from dlperf.engine.stage import ATTENTION_CORE
     from dlperf.ops import OPS
 
-    model_total = recompute = matrix = matrix_again = 0.0
+    model_total = recompute = matrix = matrix_again = inside = 0.0
     for layer, count in model.counted():
         for kernel in OPS[layer.op].kernels(layer, 1, e):
             again = plan.recompute in ("full", "except_last") or (
@@ -468,9 +469,10 @@ def step_flops(model: Model, plan: Plan, e: int) -> tuple[float, float, float]:
             extra = kernel.cost.fwd_flops if again else 0.0
             model_total += count * kernel.cost.work
             recompute += count * extra
-            if kernel.cls in ("matmul", "conv"):
+            inside += count * kernel.bwd_recompute_flops  # a fused kernel's own recomputation (FlashAttention)
+            if kernel.cls in ("matmul", "conv", "attention"):
                 matrix += count * kernel.cost.work
                 matrix_again += count * extra
     batch, share = plan.global_batch, recompute_share(plan)
-    executed = model_total + share * recompute
+    executed = model_total + share * recompute + inside
     return float(model_total) * batch, float(executed) * batch, float(matrix + share * matrix_again) * batch

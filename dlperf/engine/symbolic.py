@@ -11,7 +11,7 @@ from typing import Any
 
 import sympy
 
-from dlperf.engine.device import compute_efficiency, gemm_quantization, memory_efficiency, startup_time
+from dlperf.engine.device import MATRIX_CLASSES, compute_efficiency, gemm_quantization, memory_efficiency, startup_time
 from dlperf.engine.layers import Use, element_bytes
 from dlperf.engine.stage import conv_choice, use_kernels
 from dlperf.engine.work import model_cost
@@ -41,7 +41,7 @@ def step_time_expr(model: Model, hw: Hardware, dtype: str, choose_at: int = 1) -
 
 
 def _kernel_expr(kernel: Any, hw: Hardware, dtype: str, quantization: tuple[Any, Any] = (1.0, 1.0)) -> Any:
-    matrix = kernel.cls in ("matmul", "conv")
+    matrix = kernel.cls in MATRIX_CLASSES
     peak = F if matrix else F32
     eff_c = compute_efficiency(hw.device, kernel.cls, dtype)
     eff_m = memory_efficiency(hw.device, kernel.cls)
@@ -171,7 +171,8 @@ def _phases(kernel: Any) -> list[tuple[Any, Any, Any]]:
     """(FLOPs, bytes, launches) of the forward and backward phases that do any work."""
     c = kernel.cost
     phases = [(c.fwd_flops, c.fwd_bytes, kernel.launches),
-              (c.bwd_data_flops + c.bwd_weight_flops, c.bwd_bytes, kernel.backward_launches)]
+              (c.bwd_data_flops + c.bwd_weight_flops + kernel.bwd_recompute_flops, c.bwd_bytes,
+               kernel.backward_launches)]
     return [(f, b, n) for f, b, n in phases if f or b]
 
 
@@ -179,7 +180,7 @@ def _branches(kernel: Any, flops: Any, nbytes: Any, launches: Any, hw: Hardware,
               top: float) -> tuple[float, float, str]:
     from dlperf.engine.device import hockney_time
 
-    matrix = kernel.cls in ("matmul", "conv")
+    matrix = kernel.cls in MATRIX_CLASSES
     peak = hw.device.peak(dtype) if matrix else hw.device.peak("fp32")
     eff = compute_efficiency(hw.device, kernel.cls, dtype)
     memory_eff = memory_efficiency(hw.device, kernel.cls)
@@ -189,6 +190,6 @@ def _branches(kernel: Any, flops: Any, nbytes: Any, launches: Any, hw: Hardware,
 
 
 def _rate_part(flops: Any, kernel: Any, hw: Hardware, dtype: str) -> float:
-    matrix = kernel.cls in ("matmul", "conv")
+    matrix = kernel.cls in MATRIX_CLASSES
     peak = hw.device.peak(dtype) if matrix else hw.device.peak("fp32")
     return float(flops) / (peak * compute_efficiency(hw.device, kernel.cls, dtype).peak)

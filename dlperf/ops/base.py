@@ -40,11 +40,15 @@ class Layer:
 class Kernel:
     """One kernel (or fused group) of an operator: its cost and how it behaves on the device.
 
-    `cls` picks the efficiency curve (matmul, conv, memory); `launches` counts forward kernel launches and
-    `bwd_launches` backward ones (None: twice as many, data and weight gradient); `split` says whether tensor
+    `cls` picks the efficiency curve (matmul, conv, attention, memory); `launches` counts forward kernel launches
+    and `bwd_launches` backward ones (None: twice as many, data and weight gradient); `split` says whether tensor
     parallelism divides it. A GEMM carries its forward shape `gemm` (batch, m, n, k) for tile and wave
     quantization, and `tp_dim` names the dimension tensor parallelism divides: n (column-parallel), k
     (row-parallel), batch (attention heads), or None when the op's place in the network decides (a linear layer).
+    `bwd_recompute_flops` are forward FLOPs the backward kernel executes again (a fused attention kernel
+    recomputes the scores instead of storing them): executed and timed, but not model FLOPs. `weight_gemm` is
+    (m, k, n) for a GEMM against a weight matrix (a linear layer or projection), the GEMMs an FP8 recipe runs in
+    FP8 (dlperf.ops.fp8) and overlapped tensor-parallel communication hides behind.
     """
 
     name: str
@@ -55,6 +59,8 @@ class Kernel:
     bwd_launches: Any = None
     gemm: tuple[Any, Any, Any, Any] | None = None
     tp_dim: str | None = None
+    bwd_recompute_flops: Any = 0
+    weight_gemm: tuple[Any, Any, Any] | None = None
 
     @property
     def backward_launches(self) -> Any:

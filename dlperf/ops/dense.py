@@ -27,7 +27,7 @@ def gemm(name: str, m: Any, k: Any, n: Any, e: int, bias: bool = False, weight: 
     """
     flops = 2 * m * k * n
     extra = m * n if bias else 0
-    return Kernel(name, "matmul", Cost(
+    return Kernel(name, "matmul", weight_gemm=(m, k, n) if weight else None, cost=Cost(
         fwd_flops=flops + extra,      # the bias add rides in the GEMM's epilogue (addmm, cuBLASLt)
         bwd_data_flops=flops,
         bwd_weight_flops=flops if weight else 0,
@@ -150,11 +150,8 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     q_bytes, k_bytes = e * batch * s * h * hd, e * batch * skv * kv * hd  # V has K's size
     qkv_bytes = q_bytes + 2 * k_bytes
     if layer["flash"]:
-        core = qk + av + softmax
-        fused = Cost(*(getattr(core, f) for f in ("fwd_flops", "bwd_data_flops", "bwd_weight_flops")),
-                     fwd_bytes=qkv_bytes + e * batch * s * h * hd, bwd_bytes=3 * qkv_bytes,
-                     depth=core.depth, bwd_depth=core.bwd_depth)
-        return (*projections, Kernel("flash_attention", "matmul", fused), out_proj, *biases)
+        return (*projections, _flash_kernel(layer, qk + av + softmax, qkv_bytes, e * batch * s * h * hd,
+                                            2 * scores * hd + 5 * scores), out_proj, *biases)
     score_bytes = e * scores
     # Splitting Q, K, V into heads and merging the context back are transposed copies in unfused
     # implementations (PyTorch's multi-head attention makes each contiguous): read + write of q, k, v and the
@@ -183,6 +180,23 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
         *biases,
     ]
     return tuple(kernels)
+
+
+def _flash_kernel(layer: Layer, core: Cost, qkv_bytes: Any, out_bytes: Any, recompute: Any) -> Kernel:
+    """FlashAttention (Dao et al. 2022; Dao 2023, FlashAttention-2): QK^T, softmax and AV in one tiled kernel
+    that never writes the s x s_kv scores to memory: it reads Q, K, V and writes the output (forward), and reads
+    Q, K, V, O, dO and writes dQ, dK, dV (backward). Its backward recomputes S = QK^T and P = softmax(S) from the
+    saved row log-sum-exp: 5 matmuls against the forward's 2, so the backward executes 2.5x the forward's
+    attention matmul FLOPs (Dao 2023, section 4.1), of which the recomputed QK^T is not model work.
+
+    With a causal mask the kernel skips the blocks above the diagonal: FlashAttention-2 counts half the score
+    FLOPs for causal attention (section 4.1), the convention of the efficiencies measured with it, so the
+    score work here is halved. Timed on the device's `attention` curve (FA2 on Ampere, FA3 on Hopper)."""
+    half = 2 if layer["causal"] and layer["kv_seq"] == layer.in_shape[-2] else 1
+    flops = (core.fwd_flops / half, core.bwd_data_flops / half, core.bwd_weight_flops)
+    fused = Cost(*flops, fwd_bytes=qkv_bytes + out_bytes, bwd_bytes=2 * qkv_bytes + 2 * out_bytes,
+                 depth=core.depth, bwd_depth=core.bwd_depth)
+    return Kernel("flash_attention", "attention", fused, bwd_recompute_flops=recompute / half)
 
 
 def _attention_params(s: tuple, a: dict) -> Any:

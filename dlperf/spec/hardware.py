@@ -36,7 +36,7 @@ from dlperf.spec.yamlio import check_keys, field_name, line_of, load_yaml_file
 from dlperf.units import parse_quantity
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")
-KERNEL_CLASSES = ("matmul", "conv", "memory", "transcendental")
+KERNEL_CLASSES = ("matmul", "conv", "attention", "memory", "transcendental")
 
 # Defaults when a hardware file gives no efficiency curve. Sources:
 # - matmul 0.87: A100 SXM BF16 maximum achievable matmul 271.2/312 TF/s (stas00/ml-engineering,
@@ -138,7 +138,7 @@ class Device:
                     return self.efficiency[key]
         if kernel_class in self.efficiency:
             return self.efficiency[kernel_class]
-        if kernel_class == "conv":
+        if kernel_class in ("conv", "attention"):  # no measured curve of its own: the GEMM's
             return self.eff("matmul", dtype)
         if kernel_class == "transcendental":  # exp/tanh-bound element-wise kernels, when not measured apart
             return self.eff("memory")

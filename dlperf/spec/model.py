@@ -184,7 +184,10 @@ def _params(node: Any, overrides: dict[str, Any], file: str) -> dict[str, Any]:
             raise SpecError(f"--set {name}: the model has no parameter {name!r}"
                             + (f" (did you mean {hint!r}?)" if hint else ""),
                             expected="one of " + (", ".join(node) or "(none)"), file=file)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(node[name], bool):  # a switch (e.g. flash) takes true/false, never a count
+            if not isinstance(value, bool):
+                raise SpecError(f"--set {name}", expected="true or false", found=value, file=file)
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SpecError(f"--set {name}", expected="a positive integer", found=value, file=file)
     env: dict[str, Any] = {}
     for name, raw in node.items():
@@ -204,7 +207,7 @@ def _param_value(name: str, value: Any, env: dict[str, Any], file: str, line: in
         result = _evaluate(value, env)
     except DlperfError as err:
         raise err.located(file=file, line=line, field=f"params.{name}") from None
-    if isinstance(result, int) and result < 1:
+    if isinstance(result, int) and not isinstance(result, bool) and result < 1:
         raise SpecError(expected="a positive integer", found=value, file=file, line=line, field=f"params.{name}")
     return result
 
@@ -389,6 +392,8 @@ def _attr(op: str, key: str, raw: Any, default: Any, env: dict, ctx: _Ctx, where
                 raise SpecError(expected="a number in [0, 1)", found=raw)
             return float(raw)
         if isinstance(default, bool):
+            if isinstance(raw, str) and isinstance(env.get(raw.strip()), bool):  # a switch param, e.g. flash
+                return env[raw.strip()]
             if not isinstance(raw, bool):
                 raise SpecError(expected="true or false", found=raw)
             return raw
