@@ -20,9 +20,10 @@ def builtin_names(kind: str) -> list[str]:
 
 
 def resolve(name_or_path: str, kind: str) -> Path:
-    """A name resolves to a built-in; anything with a path separator or ending in .yaml is a file."""
+    """A name resolves to a built-in; anything with a path separator or ending in .yaml (or .json, a Hugging Face
+    config) is a file."""
     text = str(name_or_path)
-    if "/" in text or "\\" in text or text.endswith((".yaml", ".yml")):
+    if "/" in text or "\\" in text or text.endswith((".yaml", ".yml", ".json")):
         return Path(text)
     return data_dir(kind) / f"{text}.yaml"
 

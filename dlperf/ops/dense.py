@@ -135,15 +135,16 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     """
     s, d, h, kv, hd, skv = _attention_dims(layer)
     bias, out = layer["bias"], layer["out"]
+    in_bias = bias or layer["qkv_bias"]
     q_rows, kv_rows = batch * s, batch * skv
     scores = batch * h * s * skv
     projections = (
-        gemm("q_proj", q_rows, d, h * hd, e, bias, tp_dim="n"),
-        gemm("kv_proj", kv_rows, d, 2 * kv * hd, e, bias, tp_dim="n"),
+        gemm("q_proj", q_rows, d, h * hd, e, in_bias, tp_dim="n"),
+        gemm("kv_proj", kv_rows, d, 2 * kv * hd, e, in_bias, tp_dim="n"),
     )
     out_proj = gemm("out_proj", q_rows, h * hd, out, e, bias, tp_dim="k")
-    biases = (bias_grad("q_bias_grad", q_rows, h * hd, e), bias_grad("kv_bias_grad", kv_rows, 2 * kv * hd, e),
-              bias_grad("out_bias_grad", q_rows, out, e)) if bias else ()
+    biases = ((bias_grad("q_bias_grad", q_rows, h * hd, e), bias_grad("kv_bias_grad", kv_rows, 2 * kv * hd, e))
+              if in_bias else ()) + ((bias_grad("out_bias_grad", q_rows, out, e),) if bias else ())
     qk = Cost(fwd_flops=2 * scores * hd, bwd_data_flops=4 * scores * hd, depth=clog2(hd), bwd_depth=clog2(skv))
     av = Cost(fwd_flops=2 * scores * hd, bwd_data_flops=4 * scores * hd, depth=clog2(skv), bwd_depth=clog2(hd))
     softmax = Cost(fwd_flops=5 * scores, bwd_data_flops=4 * scores, depth=2 * clog2(skv), bwd_depth=clog2(skv))
@@ -202,7 +203,8 @@ def _flash_kernel(layer: Layer, core: Cost, qkv_bytes: Any, out_bytes: Any, reco
 def _attention_params(s: tuple, a: dict) -> Any:
     d, h, kv, hd, out = s[-1], a["heads"], a["kv_heads"], a["head_dim"], a["out"]
     weights = d * h * hd + 2 * d * kv * hd + h * hd * out
-    return weights + ((h * hd + 2 * kv * hd + out) if a["bias"] else 0)
+    in_bias = (h * hd + 2 * kv * hd) if (a["bias"] or a["qkv_bias"]) else 0
+    return weights + in_bias + (out if a["bias"] else 0)
 
 
 def _attention_saved(layer: Layer, e: int) -> Any:
@@ -239,7 +241,7 @@ def _attention_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
 
 ATTENTION = OpRule(
     attrs={"heads": REQUIRED, "head_dim": None, "kv_heads": None, "causal": False, "bias": True,
-           "flash": False, "kv_seq": None, "out": None, "dropout": 0.0},
+           "flash": False, "kv_seq": None, "out": None, "dropout": 0.0, "qkv_bias": False},
     shape=lambda s, a: (*s[:-1], a["out"]),
     params=_attention_params,
     kernels=_attention_kernels,

@@ -122,7 +122,13 @@ class _Ctx:
 
 
 def load_model(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Model:
-    """Load a built-in model by name (`resnet50`) or a YAML file by path, with `--set` style overrides."""
+    """Load a built-in model by name (`resnet50`), a YAML file by path, or a Hugging Face config.json (converted
+    by dlperf.spec.hf), with `--set` style overrides."""
+    from dlperf.spec import hf
+
+    if hf.is_config(name_or_path):
+        data, file = hf.load_config(name_or_path)
+        return model_from_dict(data, file, overrides or {})
     data, file = _read_with_base(str(name_or_path), seen=())
     return model_from_dict(data, file, overrides or {})
 
