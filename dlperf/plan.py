@@ -36,6 +36,8 @@ class Plan:
     parameter_server: int = 0            # >0: data parallelism through that many sharded servers instead
     grad_dtype: str | None = None        # None = the compute dtype's storage type
     hybrid_fc: bool = False              # Krizhevsky 2014: data-parallel convolutions, model-parallel FC head
+    tp_overlap: bool = False             # tp all-gather/reduce-scatter pipelined with the GEMMs (needs SP)
+    fp8_param_gather: bool = False       # ZeRO parameter all-gathers in FP8 (needs dtype fp8)
 
     @property
     def data_parallel(self) -> int:
@@ -128,6 +130,11 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
         raise PlanError("--hybrid-fc spreads the fully connected head over all devices: it needs tp = pp = 1")
     if plan.sequence_parallel and plan.tp == 1:
         raise PlanError("sequence parallelism needs tp > 1")
+    if plan.tp_overlap and not plan.sequence_parallel:
+        raise PlanError("--tp-overlap overlaps the all-gathers and reduce-scatters of sequence parallelism: it "
+                        "needs --sequence-parallel (as Megatron-Core's --tp-comm-overlap does)")
+    if plan.fp8_param_gather and plan.zero == 0:
+        raise PlanError("--fp8-param-gather all-gathers ZeRO-sharded parameters in FP8: it needs --zero 1, 2 or 3")
     _check_knobs(plan)
     if plan.consistency == "sync" and plan.staleness:
         raise PlanError("staleness needs --consistency ssp or async")

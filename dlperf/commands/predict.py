@@ -37,6 +37,11 @@ def plan_options(fn: Callable) -> Callable:
                           "torchgpipe's default)."),
         click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1)."),
         click.option("--no-overlap", is_flag=True, help="Do not overlap the gradient allreduce with backward."),
+        click.option("--tp-overlap", is_flag=True,
+                     help="Overlap tensor-parallel all-gathers/reduce-scatters with the GEMMs (Megatron-Core "
+                          "--tp-comm-overlap; needs --sequence-parallel)."),
+        click.option("--fp8-param-gather", is_flag=True,
+                     help="With --dtype fp8 and ZeRO: all-gather parameters in FP8 (Megatron --fp8-param-gather)."),
         click.option("--compression", default="none", show_default=True,
                      help="Gradient compression: none, fp16, int8, 1bit, terngrad, qsgd:S, topk:FRACTION."),
         click.option("--consistency", type=click.Choice(["sync", "ssp", "async"]), default="sync",
@@ -75,7 +80,8 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         overlap=False if opts.get("no_overlap") else None, compression=opts.get("compression", "none"),
         consistency=opts.get("consistency", "sync"), staleness=opts.get("staleness", 0),
         parameter_server=opts.get("parameter_server", 0), optimizer=opts.get("optimizer", "adam"),
-        hybrid_fc=opts.get("hybrid_fc", False),
+        hybrid_fc=opts.get("hybrid_fc", False), tp_overlap=opts.get("tp_overlap", False),
+        fp8_param_gather=opts.get("fp8_param_gather", False),
         dtype=opts.get("dtype"),
     )
     if tp is None and pp is None and dp is None and devices > 1:

@@ -104,7 +104,11 @@ def _gather_marker(seq: Seq) -> Layer:
 
 
 def element_bytes(dtype: str) -> int:
-    return BYTES_PER_ELEMENT[dtype]
+    """Bytes per stored element under `dtype`'s training recipe: FP8 training stores activations, gradients and
+    messages in bf16 and casts only GEMM operands to FP8 (dlperf.ops.fp8)."""
+    from dlperf.ops.fp8 import storage_dtype
+
+    return BYTES_PER_ELEMENT[storage_dtype(dtype)]
 
 
 def layer_table(model: Model, dtype: str, survey: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -18,6 +18,8 @@ from dlperf.engine.stage import StageCost, stage_cost
 from dlperf.engine.work import model_cost
 from dlperf.errors import PlanError
 from dlperf.ops.base import numel
+from dlperf.ops.fp8 import FP8 as FP8_BYTES
+from dlperf.ops.fp8 import WEIGHT_CAST_BYTES, fp8_layers
 from dlperf.plan import Plan, validate
 from dlperf.spec.hardware import Hardware
 from dlperf.spec.model import Model, out_shape
@@ -83,6 +85,10 @@ class StepModel:
     def __init__(self, model: Model, hw: Hardware) -> None:
         self.model, self.hw = model, hw
         self.heads = _heads(model)
+        self.fp8 = fp8_layers(model.root)
+        total = model.total_params
+        self.fp8_share = sum(layer.params * n for layer, n in model.counted() if layer in self.fp8) / total \
+            if isinstance(total, int) and total else 0.0
         self.layers = len(units(model))
         self.comm = _comm()
         self._stages: dict[tuple, tuple[list[StageCost], StageCost, Any, Any]] = {}
@@ -96,7 +102,7 @@ class StepModel:
         """(every stage's cost, the slowest stage, the most parameters on one device, the largest activation
         crossing a stage boundary per sample)."""
         key = (plan.tp, plan.pp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.hybrid_fc,
-               plan.data_parallel)
+               plan.data_parallel, plan.tp_overlap)
         if key not in self._stages and plan.hybrid_fc:
             part = self._hybrid_fc(plan, dtype, e)
             self._stages[key] = ([part], part, part.params, 0)
@@ -108,13 +114,14 @@ class StepModel:
         return self._stages[key]
 
     def _cost_of(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
-        key = (tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype)
+        key = (tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap)
         if key not in self._cost:
             uses_key = (tuple(nodes), plan.sequence_parallel)
             if uses_key not in self._uses:
                 self._uses[uses_key] = tp_uses(nodes, plan.sequence_parallel)
             self._cost[key] = stage_cost(self._uses[uses_key], plan.micro, e, self.hw, dtype, plan.tp,
-                                         plan.sequence_parallel, plan.recompute, _tp_comm_fn(self.comm, self.hw, plan))
+                                         plan.sequence_parallel, plan.recompute, _tp_comm_fn(self.comm, self.hw, plan),
+                                         self.fp8, plan.tp_overlap)
         return self._cost[key]
 
     def _hybrid_fc(self, plan: Plan, dtype: str, e: int) -> StageCost:
@@ -180,6 +187,8 @@ class StepModel:
                                                               int]:
         """The step for m micro-batches and v virtual stages (numbers or numpy arrays)."""
         dtype = plan.dtype or self.model.dtype
+        if plan.fp8_param_gather and dtype != "fp8":
+            raise PlanError("--fp8-param-gather needs FP8 training (--dtype fp8)", found=dtype)
         e = element_bytes(dtype)
         stages, slow, params, boundary = self.stages(plan, dtype, e)
         share = recompute_share(plan, m)
@@ -192,7 +201,7 @@ class StepModel:
         t_bwd = mathx.maximum(device_bwd, slow.host_bwd + slow.host_recompute * share)
         busy, bubble, p2p = schedule_time(t_fwd, t_bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v)
         dp_total, dp_exposed = _dp_with_micro_batches(self._dp_time(plan, slow, dtype), m)
-        optimizer = _optimizer_time(self.hw, plan, params)
+        optimizer = _optimizer_time(self.hw, plan, params, params * self.fp8_share if dtype == "fp8" else 0)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
         breakdown = {
@@ -217,7 +226,7 @@ class StepModel:
 
     def _dp_time(self, plan: Plan, slow: StageCost, dtype: str) -> tuple[Any, Any, Any, Any]:
         key = (id(slow), plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
-               plan.parameter_server, plan.compression, plan.grad_dtype, dtype)
+               plan.parameter_server, plan.compression, plan.grad_dtype, dtype, plan.fp8_param_gather)
         if key not in self._dp:
             self._dp[key] = _dp_comm(self.hw, plan, slow, dtype, self.comm, mem.gather_units(self.model, plan))
         return self._dp[key]
@@ -378,7 +387,10 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
         return (0.0, 0.0) + _zero3_per_micro(comm, hw, group, grad_bytes, units, slow.forward, slow.backward,
                                              overlap, stolen)
     reduce = comm.collective_time("reduce_scatter", grad_bytes, group, hw)
-    gather = comm.collective_time("allgather", grad_bytes, group, hw)
+    # FP8 parameter all-gather (Megatron-LM --fp8-param-gather; torchtitan/FSDP2 enable_fsdp_float8_all_gather):
+    # the sharded parameters travel as their FP8 casts, one byte each
+    gather = comm.collective_time("allgather", params * FP8_BYTES if plan.fp8_param_gather else grad_bytes,
+                                  group, hw)
     if plan.zero == 1:
         return reduce + gather, hidden_behind(reduce, slow.backward, last_bucket) + gather, 0.0, 0.0
     # ZeRO-2: gradients are kept as shards, so every micro-batch's backward reduce-scatters them
@@ -428,11 +440,16 @@ def _dp_with_micro_batches(parts: tuple[Any, Any, Any, Any], m: Any) -> tuple[An
     return total + m * per_micro_total, exposed + m * per_micro_exposed
 
 
-def _optimizer_time(hw: Hardware, plan: Plan, params: Any) -> float:
+def _optimizer_time(hw: Hardware, plan: Plan, params: Any, fp8_params: Any = 0) -> float:
+    """The update over this device's (shard of the) parameters; under an FP8 recipe, then the cast of the
+    updated weights to their cached FP8 copies (dlperf.ops.fp8), one memory-bound pass per step."""
     nbytes, flops = OPTIMIZER_COST[plan.optimizer]
     shard = plan.data_parallel if plan.zero >= 1 else 1
     bw = hw.device.memory_bandwidth * hw.device.eff("memory").peak
-    return params / shard * max(nbytes / bw, flops / hw.device.peak("fp32")) + hw.device.launch_latency
+    update = params / shard * max(nbytes / bw, flops / hw.device.peak("fp32")) + hw.device.launch_latency
+    resident = plan.data_parallel if plan.zero >= 3 else 1  # ZeRO-3 keeps (and casts) a shard of the weights
+    cast = fp8_params / resident * WEIGHT_CAST_BYTES / bw + hw.device.launch_latency if fp8_params else 0.0
+    return update + cast
 
 
 def _optimizer_flops(model: Model, plan: Plan) -> float:

@@ -140,6 +140,8 @@ class Device:
             return self.efficiency[kernel_class]
         if kernel_class in ("conv", "attention"):  # no measured curve of its own: the GEMM's
             return self.eff("matmul", dtype)
+        if kernel_class == "matmul_fp8":  # an FP8 recipe's GEMM: the matmul curve measured in fp8 (dtypes.fp8)
+            return self.eff("matmul", "fp8")
         if kernel_class == "transcendental":  # exp/tanh-bound element-wise kernels, when not measured apart
             return self.eff("memory")
         peak, half, startup = DEFAULT_EFFICIENCY[kernel_class]
@@ -264,7 +266,7 @@ def _curve(curve: Any, cls: str, file: str, here: str) -> Efficiency:
         kind = "bytes" if cls in ("memory", "transcendental") else "flops"
         half = _quantity(curve, "half", kind, file, here)
     startup = _startup(curve, file, here) if "startup" in curve else None
-    if cls == "matmul" and "half" not in curve and startup is None:
+    if cls in ("matmul", "attention") and "half" not in curve and startup is None:
         startup = DEFAULT_EFFICIENCY["matmul"][2]  # a file that gives only the peak keeps the default t0
     tile = _tile(curve, file, here) if "tile" in curve else None
     overhead = _positive_int(curve, "tile_overhead_k", file, here) if "tile_overhead_k" in curve else 128
