@@ -19,7 +19,8 @@ from dlperf.errors import SpecError, UnitError
 from dlperf.spec.hardware import load_hardware
 from dlperf.spec.yamlio import load_yaml_file
 
-EXPECTED = {"dgx1-v100", "dgx2-v100", "dgx-a100", "dgx-h100", "hgx-h200", "p100-roce", "p40-pcie", "cpu-local"}
+EXPECTED = {"dgx1-v100", "dgx2-v100", "dgx-a100", "dgx-h100", "hgx-h200", "p100-roce", "p40-pcie", "cpu-local",
+            "dgx-b200", "gb200-nvl72", "h800", "mi300x"}
 GiB = 2.0**30
 
 
@@ -73,6 +74,14 @@ PEAKS = [
     ("p100-roce", "fp16", 18.7e12),
     ("p100-roce", "fp64", 4.7e12),
     ("cpu-local", "fp32", 2 * 2.5e9 * 32),
+    ("dgx-b200", "bf16", 2250e12),   # ml-engineering TFLOPS table, B200 SXM dense
+    ("dgx-b200", "fp8", 4500e12),
+    ("gb200-nvl72", "bf16", 2500e12),  # GB200 per chip, dense
+    ("gb200-nvl72", "fp8", 5000e12),
+    ("h800", "bf16", 989e12),        # H100 SXM compute
+    ("h800", "fp8", 1979e12),
+    ("mi300x", "bf16", 1307.4e12),   # AMD MI300X datasheet
+    ("mi300x", "fp8", 2614.9e12),
 ]
 
 
@@ -97,6 +106,10 @@ def test_volta_has_no_bf16_and_tf32_falls_back_to_fp32() -> None:
         ("dgx1-v100", 16 * GiB, 900e9),
         ("dgx2-v100", 32 * GiB, 900e9),
         ("p100-roce", 16 * GiB, 732e9),
+        ("dgx-b200", 1440e9 / 8, 8e12),      # DGX B200: 1,440 GB over 8 GPUs
+        ("gb200-nvl72", 186e9, 8e12),        # NVL72: 13.4 TB and 576 TB/s over 72 GPUs
+        ("h800", 80 * GiB, 3.35e12),
+        ("mi300x", 192 * GiB, 5.3e12),
     ],
 )
 def test_memory_capacity_and_bandwidth(name: str, memory: float, bandwidth: float) -> None:
@@ -120,6 +133,14 @@ LEVELS = [
     ("p100-roce", 0, 4, 15.75e9, None),  # PCIe 3.0 x16
     ("p100-roce", 1, None, 3.125e9, 1),  # one 25 Gb/s NIC shared by 4 GPUs
     ("cpu-local", 0, None, 5e9, None),
+    ("dgx-b200", 0, 8, 900e9, None),      # 18 NVLink5 x 50 GB/s
+    ("dgx-b200", 1, None, 50e9, None),
+    ("gb200-nvl72", 0, 72, 900e9, None),  # one NVLink domain of 72 GPUs
+    ("gb200-nvl72", 1, None, 50e9, None),
+    ("h800", 0, 8, 200e9, None),          # NVLink cut to 400 GB/s bidirectional
+    ("h800", 1, None, 50e9, None),
+    ("mi300x", 0, 8, 448e9, None),        # 7 xGMI links x 64 GB/s
+    ("mi300x", 1, None, 50e9, None),
 ]
 
 
@@ -141,6 +162,10 @@ BUSBW = [
     ("dgx-h100", 1, 47.0),  # 46-48 GB/s per NDR NIC, NVIDIA/nccl-tests#290
     ("hgx-h200", 0, 367.61),  # NVLS disabled, 8x H200, ml-engineering all-reduce-8xH200.md
     ("dgx1-v100", 1, 48.0 / 4),  # 48 GB/s over 4 EDR NICs, NVIDIA/nccl-tests#29
+    ("h800", 0, 160.0),  # DeepSeek-V3 report section 3.2.2: "NVLink offers a bandwidth of 160 GB/s"
+    ("dgx-b200", 0, 18 * 40.1),  # NCCL SM100_NVLINK_BW 40.1 GB/s per link (NVIDIA/nccl#1807)
+    ("gb200-nvl72", 0, 18 * 40.1),
+    ("mi300x", 0, 7 * 48.0),  # ~48 GB/s usable per xGMI link (AMD ROCm blog)
 ]
 
 
@@ -166,6 +191,20 @@ def test_matmul_efficiency_is_the_microbenchmark_fit() -> None:
                                                   gemm_quantization(kernel, device, "bf16", 1, None)[0])
         assert rate <= 1.02 * mamf  # the fitted curve never beats the best shape ever measured (MAMF)
     assert v100.eff("matmul", "fp32").peak == pytest.approx(12.0 / 15.7, abs=5e-4)
+
+
+def test_fp8_and_flash_attention_efficiencies_match_their_sources() -> None:
+    h100 = load_hardware("dgx-h100").device
+    assert h100.eff("matmul_fp8").peak == pytest.approx(1402.6 / 1979, abs=5e-4)   # FP8 MAMF
+    assert h100.eff("attention").peak == pytest.approx(661 / 989, abs=5e-4)        # FA3 Table 2, head dim 128
+    assert load_hardware("hgx-h200").device.eff("matmul_fp8").peak == pytest.approx(1453.4 / 1979, abs=5e-4)
+    assert load_hardware("dgx-a100").device.eff("attention").peak == 0.73          # FA2: "50-73%" of peak
+    assert load_hardware("dgx-b200").device.eff("matmul").peak == pytest.approx(1745 / 2250, abs=5e-4)
+    assert load_hardware("mi300x").device.eff("matmul").peak == pytest.approx(668.4 / 1307.4, abs=5e-4)
+    # no FP8 or FlashAttention figure of its own: the GEMM's curve, startup time included
+    v100 = load_hardware("dgx1-v100").device
+    assert v100.eff("attention") == v100.eff("matmul") == v100.eff("matmul_fp8")
+    assert h100.eff("attention").startup == h100.eff("matmul").startup
 
 
 def test_prices_are_aws_list_prices_per_gpu() -> None:
