@@ -26,7 +26,8 @@ def test_every_command_and_option_has_help(name):
 def test_list_shows_builtins(run):
     code, out, _ = run("list")
     assert code == 0
-    for name in ("resnet50", "gpt3-175b", "llama2-70b", "dgx-a100", "p100-roce", "cpu-local"):
+    for name in ("resnet50", "gpt3-175b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "dgx-a100",
+                 "p100-roce", "cpu-local", "dgx-b200", "gb200-nvl72", "h800", "mi300x"):
         assert name in out
 
 

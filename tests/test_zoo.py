@@ -16,7 +16,8 @@ MODEL_NAMES = builtins.builtin_names("models")
 # The models the rest of dlperf (validation, docs, examples) refers to by name.
 REQUIRED = {
     "lenet5", "alexnet", "vgg16", "resnet50", "resnet101", "inception-v3", "lstm-lm", "transformer-base",
-    "bert-large", "gpt", "gpt2-xl", "gpt3-175b", "llama2-7b", "llama2-70b", "mpt",
+    "bert-large", "gpt", "gpt2-xl", "gpt3-175b", "llama2-7b", "llama2-70b", "mpt", "llama3-8b", "llama3-70b",
+    "llama3-405b",
 }
 
 # Exact counts given by a reference implementation.
@@ -30,6 +31,11 @@ EXACT = {
     "gpt2-xl": 1_557_611_200,     # Hugging Face gpt2-xl (GPT2LMHeadModel, tied head) num_parameters()
     "llama2-7b": 6_738_415_616,   # Hugging Face meta-llama/Llama-2-7b-hf (LlamaForCausalLM) num_parameters()
     "mpt": 6_658_859_008,         # MPT-7B at seq 2048: llm-foundry scripts/train/benchmarking/README.md NumParams
+    # Hugging Face LlamaForCausalLM num_parameters() of meta-llama/Meta-Llama-3-8B, Meta-Llama-3-70B and
+    # Llama-3.1-405B; each also follows llama_params() below (test_llama3_counts_follow_the_closed_form)
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
+    "llama3-405b": 405_853_388_800,
 }
 
 # Ranges where the publication gives a rounded figure.
@@ -178,3 +184,12 @@ def test_resnet_stage_depths_are_parameters() -> None:
     per_block = 1024 * 256 + 256 * 256 * 9 + 256 * 1024 + 2 * (256 + 256 + 1024)
     assert load_model("resnet50", {"blocks3": 23}).total_params == load_model("resnet101").total_params
     assert load_model("resnet101").total_params - load_model("resnet50").total_params == 17 * per_block
+
+
+@pytest.mark.parametrize(("name", "sizes"), [
+    ("llama3-8b", (32, 4096, 32, 8, 14336, 128256)),      # Llama 3 Table 3 / config.json
+    ("llama3-70b", (80, 8192, 64, 8, 28672, 128256)),
+    ("llama3-405b", (126, 16384, 128, 8, 53248, 128256)),
+])
+def test_llama3_counts_follow_the_closed_form(name: str, sizes: tuple[int, ...]) -> None:
+    assert load_model(name).total_params == llama_params(*sizes) == EXACT[name]

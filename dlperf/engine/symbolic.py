@@ -16,6 +16,7 @@ from dlperf.engine.layers import Use, element_bytes
 from dlperf.engine.stage import conv_choice, use_kernels
 from dlperf.engine.work import model_cost
 from dlperf.ops.conv import algorithm_kernel
+from dlperf.ops.fp8 import fp8_layers, kernel_dtype, storage_dtype
 from dlperf.spec.hardware import Hardware
 from dlperf.spec.model import Model
 
@@ -27,23 +28,32 @@ def step_time_expr(model: Model, hw: Hardware, dtype: str, choose_at: int = 1) -
     Convolution algorithms left on `auto` are those cuDNN-style choice picks at B = choose_at, and GEMM tile
     and wave quantization (a step function of B) is the constant factor it has at B = choose_at."""
     e = element_bytes(dtype)
+    fp8 = fp8_layers(model.root) if dtype == "fp8" else frozenset()
     total = sympy.Integer(0)
     for layer, count in model.counted():
         use = Use(layer, count, False)
-        kernels = use_kernels(use, B, e, hw, dtype, 1)
-        at_choice = use_kernels(use, choose_at, e, hw, dtype, 1)
+        kernels = use_kernels(use, B, e, hw, dtype, 1, layer in fp8)
+        at_choice = use_kernels(use, choose_at, e, hw, dtype, 1, layer in fp8)
         if layer.op == "conv2d":
-            kernels[0] = algorithm_kernel(layer, conv_choice(use, choose_at, e, hw, dtype, 1)[1], B, e)
+            kernels[0] = algorithm_kernel(layer, conv_choice(use, choose_at, e, hw, storage_dtype(dtype), 1)[1],
+                                          B, e)
         for kernel, numeric in zip(kernels, at_choice, strict=True):
-            quantization = gemm_quantization(numeric, hw.device, dtype, 1, None)
+            quantization = gemm_quantization(numeric, hw.device, kernel_dtype(numeric, dtype), 1, None)
             total += count * _kernel_expr(kernel, hw, dtype, quantization)
     return total
 
 
+def _matrix_peak(kernel: Any, hw: Hardware, dtype: str) -> Any:
+    """F for kernels at the compute dtype's peak; under an FP8 recipe the kernels that stay bf16 run at
+    F * peak(bf16) / peak(fp8) (dlperf.ops.fp8)."""
+    own = kernel_dtype(kernel, dtype)
+    return F if own == dtype else F * sympy.Float(hw.device.peak(own) / hw.device.peak(dtype), 6)
+
+
 def _kernel_expr(kernel: Any, hw: Hardware, dtype: str, quantization: tuple[Any, Any] = (1.0, 1.0)) -> Any:
     matrix = kernel.cls in MATRIX_CLASSES
-    peak = F if matrix else F32
-    eff_c = compute_efficiency(hw.device, kernel.cls, dtype)
+    peak = _matrix_peak(kernel, hw, dtype) if matrix else F32
+    eff_c = compute_efficiency(hw.device, kernel.cls, kernel_dtype(kernel, dtype))
     eff_m = memory_efficiency(hw.device, kernel.cls)
     out = sympy.Integer(0)
     for (flops, nbytes, launches), q in zip(_phases(kernel), _phase_factors(kernel, quantization), strict=True):
@@ -139,13 +149,15 @@ def elasticities(model: Model, hw: Hardware, dtype: str, batch: int) -> dict[str
     in floats because differentiating the whole expression in sympy takes seconds for a ResNet.
     """
     e = element_bytes(dtype)
+    fp8 = fp8_layers(model.root) if dtype == "fp8" else frozenset()
     top = max(hw.device.peak_flops.values())
     shares = {"peak FLOP/s (F)": 0.0, "element-wise FLOP/s (F32)": 0.0, "memory bandwidth (M)": 0.0,
               "launch latency (lam)": 0.0}
     total = 0.0
     for layer, count in model.counted():
-        for kernel in use_kernels(Use(layer, count, False), batch, e, hw, dtype, 1):
-            factors = _phase_factors(kernel, gemm_quantization(kernel, hw.device, dtype, 1, None))
+        for kernel in use_kernels(Use(layer, count, False), batch, e, hw, dtype, 1, layer in fp8):
+            own = kernel_dtype(kernel, dtype)
+            factors = _phase_factors(kernel, gemm_quantization(kernel, hw.device, own, 1, None))
             for (flops, nbytes, launches), q in zip(_phases(kernel), factors, strict=True):
                 flops = flops * q
                 compute, memory, rate_name = _branches(kernel, flops, nbytes, launches, hw, dtype, top)
@@ -181,8 +193,8 @@ def _branches(kernel: Any, flops: Any, nbytes: Any, launches: Any, hw: Hardware,
     from dlperf.engine.device import hockney_time
 
     matrix = kernel.cls in MATRIX_CLASSES
-    peak = hw.device.peak(dtype) if matrix else hw.device.peak("fp32")
-    eff = compute_efficiency(hw.device, kernel.cls, dtype)
+    peak = hw.device.peak(kernel_dtype(kernel, dtype)) if matrix else hw.device.peak("fp32")
+    eff = compute_efficiency(hw.device, kernel.cls, kernel_dtype(kernel, dtype))
     memory_eff = memory_efficiency(hw.device, kernel.cls)
     compute = float(hockney_time(flops, launches, peak, eff, top)) if flops else 0.0
     memory = float(hockney_time(nbytes, launches, hw.device.memory_bandwidth, memory_eff)) if nbytes else 0.0
@@ -191,5 +203,5 @@ def _branches(kernel: Any, flops: Any, nbytes: Any, launches: Any, hw: Hardware,
 
 def _rate_part(flops: Any, kernel: Any, hw: Hardware, dtype: str) -> float:
     matrix = kernel.cls in MATRIX_CLASSES
-    peak = hw.device.peak(dtype) if matrix else hw.device.peak("fp32")
-    return float(flops) / (peak * compute_efficiency(hw.device, kernel.cls, dtype).peak)
+    peak = hw.device.peak(kernel_dtype(kernel, dtype)) if matrix else hw.device.peak("fp32")
+    return float(flops) / (peak * compute_efficiency(hw.device, kernel.cls, kernel_dtype(kernel, dtype)).peak)

@@ -1,0 +1,211 @@
+"""FlashAttention, FP8 training and overlapped tensor-parallel communication: the counts each model states, and
+the invariants they must keep (FP8 never slower on GEMM-bound H100 layers, overlap never worse than none)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlperf.cost import Cost
+from dlperf.engine import predict
+from dlperf.engine.device import kernel_times
+from dlperf.engine.overlap import exposed, rs_slowdown
+from dlperf.errors import PlanError
+from dlperf.ops import OPS
+from dlperf.ops.base import Layer
+from dlperf.ops.dense import gemm
+from dlperf.ops.fp8 import FP8_GEMM, fp8_kernels, kernel_dtype
+from dlperf.plan import Plan
+from dlperf.spec.hardware import load_hardware
+from dlperf.spec.model import load_model
+
+SMALL_LLAMA = {"layers": 2, "hidden": 2048, "heads": 16, "kv_heads": 4, "ffn": 5632, "vocab": 32000, "seq": 2048}
+
+
+def attention(causal: bool = True, flash: bool = True, s: int = 1024, heads: int = 8, hd: int = 128) -> Layer:
+    rule = OPS["attention"]
+    attrs = {**rule.attrs, "heads": heads, "head_dim": hd, "kv_heads": heads, "kv_seq": s, "out": heads * hd,
+             "causal": causal, "flash": flash, "bias": False}
+    return Layer("attention", tuple(sorted(attrs.items())), (s, heads * hd), (s, heads * hd), "attn",
+                 rule.params((s, heads * hd), attrs))
+
+
+def core(layer: Layer) -> list:
+    names = ("flash_attention", "scores", "softmax", "attend")
+    return [k for k in OPS["attention"].kernels(layer, 2, 2) if k.name in names]
+
+
+# ---- FlashAttention -------------------------------------------------------------------------------------
+
+
+def test_flash_backward_executes_2_5x_the_forward_attention_matmuls() -> None:
+    """Dao 2023 section 4.1: 2 matmuls forward, 5 backward (QK^T recomputed)."""
+    (kernel,) = core(attention(causal=False))
+    b, s, h, d = 2, 1024, 8, 128
+    matmuls = 4 * b * s * s * h * d                     # QK^T and AV, forward
+    softmax = 5 * b * h * s * s
+    assert kernel.cost.fwd_flops == matmuls + softmax
+    backward_matmuls = kernel.cost.bwd_data_flops - 4 * b * h * s * s + kernel.bwd_recompute_flops - softmax
+    assert backward_matmuls == 2.5 * matmuls
+    # the recomputed QK^T is executed, not model work: the cost's work is the unfused attention's
+    unfused = sum((k.cost for k in core(attention(causal=False, flash=False))), Cost())
+    assert kernel.cost.work == unfused.work
+
+
+def test_flash_causal_skips_the_masked_half() -> None:
+    (full,), (causal,) = core(attention(causal=False)), core(attention(causal=True))
+    assert causal.cost.fwd_flops == full.cost.fwd_flops / 2
+    assert causal.bwd_recompute_flops == full.bwd_recompute_flops / 2
+
+
+def test_flash_keeps_no_quadratic_activations() -> None:
+    saved = OPS["attention"].saved
+    small, large = attention(s=1024), attention(s=4096)
+    assert saved(large, 2) == pytest.approx(4 * saved(small, 2))          # linear in the sequence
+    plain_small, plain_large = attention(s=1024, flash=False), attention(s=4096, flash=False)
+    assert saved(plain_large, 2) > 10 * saved(plain_small, 2)             # s^2 term dominates
+
+
+def test_flash_is_a_switch_on_every_builtin_transformer() -> None:
+    for name in ("gpt", "gpt3-175b", "gpt2-xl", "llama2-7b", "llama2-70b", "bert-large", "transformer-base"):
+        off = [layer["flash"] for layer, _ in load_model(name).counted() if layer.op == "attention"]
+        on = [layer["flash"] for layer, _ in load_model(name, {"flash": True}).counted() if layer.op == "attention"]
+        assert not any(off) and all(on), name
+    for name in ("llama3-8b", "llama3-70b", "llama3-405b"):  # the reference Llama 3 stacks run fused attention
+        assert all(layer["flash"] for layer, _ in load_model(name).counted() if layer.op == "attention")
+
+
+def test_flash_uses_the_device_attention_curve() -> None:
+    h100 = load_hardware("dgx-h100").device
+    (kernel,) = core(attention())
+    fwd, _ = kernel_times(kernel, h100, "bf16")
+    rate = kernel.cost.fwd_flops / (fwd - h100.launch_latency - h100.eff("attention").startup)
+    assert rate == pytest.approx(989e12 * h100.eff("attention").peak, rel=1e-9)
+    assert h100.eff("attention").peak != h100.eff("matmul").peak
+
+
+def test_flash_speeds_up_and_shrinks_llama_training() -> None:
+    hw, plan = load_hardware("dgx-h100"), Plan(devices=1, global_batch=1)
+    off = predict(load_model("llama3-8b", {**SMALL_LLAMA, "flash": False}), hw, plan)
+    on = predict(load_model("llama3-8b", {**SMALL_LLAMA, "flash": True}), hw, plan)
+    assert on.step_time_s < off.step_time_s
+    assert on.memory["activations"] < off.memory["activations"]
+
+
+# ---- FP8 ------------------------------------------------------------------------------------------------
+
+
+def test_fp8_gemm_runs_at_the_fp8_peak_with_its_casts() -> None:
+    kernels = fp8_kernels([gemm("gemm", 4096, 2048, 8192, 2)], 2)
+    cast, main = kernels
+    assert main.cls == FP8_GEMM and kernel_dtype(main, "fp8") == "fp8" and kernel_dtype(cast, "fp8") == "bf16"
+    assert main.cost.work == gemm("gemm", 4096, 2048, 8192, 2).cost.work
+    # cast_transpose: read bf16 (2 B), write FP8 and its transpose (2 B) per element of X forward and dY backward
+    assert cast.cost.fwd_bytes == 4 * 4096 * 2048 and cast.cost.bwd_bytes == 4 * 4096 * 8192
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([2048, 4096, 8192, 16384, 32768]), st.sampled_from([2048, 4096, 8192, 16384]),
+       st.sampled_from([2048, 4096, 8192, 14336, 28672, 53248]))
+def test_fp8_never_slower_than_bf16_on_gemm_bound_h100_layers(tokens: int, width: int, out: int) -> None:
+    """A transformer linear layer (tokens x width -> out, training shapes) on an H100: the FP8 GEMM plus its
+    casts is never slower than the bf16 GEMM."""
+    h100 = load_hardware("dgx-h100").device
+    bf16 = sum(kernel_times(gemm("gemm", tokens, width, out, 2), h100, "bf16"))
+    fp8 = sum(sum(kernel_times(k, h100, kernel_dtype(k, "fp8"))) for k in fp8_kernels(
+        [gemm("gemm", tokens, width, out, 2)], 2))
+    assert fp8 < bf16
+
+
+def test_fp8_llama_step_is_faster_and_holds_fp8_weight_copies() -> None:
+    hw, model = load_hardware("dgx-h100"), load_model("llama3-8b", SMALL_LLAMA)
+    plan = Plan(devices=1, global_batch=2, micro_batch=1)
+    bf16, fp8 = predict(model, hw, plan.with_(dtype="bf16")), predict(model, hw, plan.with_(dtype="fp8"))
+    assert fp8.step_time_s < bf16.step_time_s
+    # 18 bytes per parameter with Adam (bf16 weights and grads, fp32 master + moments, FP8 copy + transpose)
+    states = sum(fp8.memory[k] for k in ("weights", "gradients", "optimizer", "fp8_weights"))
+    assert states == pytest.approx(18 * model.total_params)
+    assert sum(bf16.memory[k] for k in ("weights", "gradients", "optimizer")) == pytest.approx(
+        16 * model.total_params)
+    # activations, gradients and messages stay bf16; linear layers keep FP8 inputs, so activations shrink
+    assert fp8.memory["activations"] < bf16.memory["activations"]
+
+
+def test_fp8_keeps_the_output_head_in_bf16() -> None:
+    from dlperf.ops.fp8 import fp8_layers
+
+    model = load_model("llama3-8b", SMALL_LLAMA)
+    inside = fp8_layers(model.root)
+    heads = [layer for layer, _ in model.layers() if layer.name == "lm_head"]
+    assert heads and not inside & set(heads)
+    assert any(layer.op == "linear" for layer in inside)
+
+
+def test_fp8_param_gather_halves_the_zero_gather() -> None:
+    hw, model = load_hardware("dgx-h100"), load_model("llama3-8b", SMALL_LLAMA)
+    plan = Plan(devices=16, global_batch=16, zero=1, dtype="fp8")
+    plain, gathered = predict(model, hw, plan), predict(model, hw, plan.with_(fp8_param_gather=True))
+    assert gathered.breakdown_s["comm/dp_allreduce"] < plain.breakdown_s["comm/dp_allreduce"]
+    with pytest.raises(PlanError, match="fp8"):
+        predict(model, hw, plan.with_(dtype="bf16", fp8_param_gather=True))
+    with pytest.raises(PlanError, match="zero"):
+        predict(model, hw, plan.with_(zero=0, fp8_param_gather=True))
+
+
+# ---- overlapped tensor-parallel communication -----------------------------------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(1e-6, 1e-2), st.floats(0.0, 1e-2), st.sampled_from(["fwd", "bwd"]),
+       st.sampled_from(["allgather", "reduce_scatter"]), st.sampled_from([2, 4, 8]))
+def test_overlap_hides_at_most_the_gemm_and_is_never_free(comm: float, gemm_s: float, phase: str, op: str,
+                                                          tp: int) -> None:
+    shown, slowdown = exposed([(op, comm)], gemm_s, phase, tp)
+    assert 0 < shown <= comm                                  # at least one chunk stays exposed
+    window = gemm_s / 2 if phase == "bwd" and op == "reduce_scatter" else gemm_s
+    assert shown >= comm - window - 1e-18
+    assert slowdown == (pytest.approx(window * 16 / (132 - 16)) if op == "reduce_scatter" else 0.0)
+    assert rs_slowdown(132) == rs_slowdown(None) == 16 / 116 and rs_slowdown(108) == 16 / 92
+
+
+def test_tp_overlap_shrinks_exposed_tp_comm_but_costs_compute() -> None:
+    hw, model = load_hardware("dgx-h100"), load_model("llama3-70b", {"layers": 4})
+    plan = Plan(devices=8, tp=8, global_batch=8, micro_batch=1, sequence_parallel=True)
+    plain, overlapped = predict(model, hw, plan), predict(model, hw, plan.with_(tp_overlap=True))
+    assert overlapped.breakdown_s["comm/tp"] < plain.breakdown_s["comm/tp"]
+    assert overlapped.breakdown_s["compute/forward"] > plain.breakdown_s["compute/forward"]
+    assert overlapped.step_time_s < plain.step_time_s
+
+
+def test_tp_overlap_needs_sequence_parallelism() -> None:
+    hw, model = load_hardware("dgx-h100"), load_model("llama3-8b", SMALL_LLAMA)
+    with pytest.raises(PlanError, match="sequence-parallel"):
+        predict(model, hw, Plan(devices=8, tp=8, global_batch=8, tp_overlap=True))
+
+
+def test_cli_flags_reach_the_plan(run) -> None:  # noqa: ANN001 - the conftest fixture
+    import json
+
+    args = ("predict", "llama3-8b", "dgx-h100", "--gpus", "8", "--tp", "8", "--global-batch", "8",
+            "--sequence-parallel", "--set", "layers=2", "--format", "json")
+    code, plain, _ = run(*args)
+    code2, out, _ = run(*args, "--tp-overlap", "--dtype", "fp8")
+    assert code == code2 == 0
+    plan = json.loads(out)["plan"]
+    assert plan["tp_overlap"] and plan["dtype"] == "fp8"
+    assert json.loads(out)["step_time_s"] < json.loads(plain)["step_time_s"]
+    code, _, err = run("predict", "llama3-8b", "dgx-h100", "--gpus", "8", "--tp", "8", "--tp-overlap")
+    assert code == 2 and "sequence-parallel" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_closed_form_prices_flash_and_fp8_as_the_engine(dtype: str) -> None:
+    from dlperf.engine.symbolic import F32, LAM, B, F, M, step_time_expr
+
+    model, hw = load_model("llama3-8b", {"layers": 2, "seq": 1024}), load_hardware("dgx-h100")
+    values = {B: 2, F: hw.device.peak(dtype), F32: hw.device.peak("fp32"), M: hw.device.memory_bandwidth,
+              LAM: hw.device.launch_latency}
+    breakdown = predict(model, hw, Plan(global_batch=2, dtype=dtype)).breakdown_s
+    compute = breakdown["compute/forward"] + breakdown["compute/backward"]
+    assert float(step_time_expr(model, hw, dtype, choose_at=2).subs(values)) == pytest.approx(compute, rel=1e-5)
