@@ -209,3 +209,17 @@ def test_closed_form_prices_flash_and_fp8_as_the_engine(dtype: str) -> None:
     breakdown = predict(model, hw, Plan(global_batch=2, dtype=dtype)).breakdown_s
     compute = breakdown["compute/forward"] + breakdown["compute/backward"]
     assert float(step_time_expr(model, hw, dtype, choose_at=2).subs(values)) == pytest.approx(compute, rel=1e-5)
+
+
+def test_cli_set_flash_switch(run) -> None:  # noqa: ANN001 - the conftest fixture
+    import json
+
+    base = ("predict", "gpt", "dgx-a100", "--set", "layers=2", "--set", "seq=4096", "--format", "json")
+    code, off, _ = run(*base)
+    code2, on, _ = run(*base, "--set", "flash=true")
+    assert code == code2 == 0
+    assert json.loads(on)["memory"]["activations"] < json.loads(off)["memory"]["activations"]
+    code, _, err = run(*base, "--set", "flash=2")
+    assert code == 2 and "flash" in err and "true or false" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run(*base, "--set", "layers=true")
+    assert code == 2 and "positive integer" in err
