@@ -23,10 +23,11 @@ from dlperf.spec.model import load_model
 SMALL_LLAMA = {"layers": 2, "hidden": 2048, "heads": 16, "kv_heads": 4, "ffn": 5632, "vocab": 32000, "seq": 2048}
 
 
-def attention(causal: bool = True, flash: bool = True, s: int = 1024, heads: int = 8, hd: int = 128) -> Layer:
+def attention(causal: bool = True, flash: bool = True, s: int = 1024, heads: int = 8, hd: int = 128,
+              version: int = 2) -> Layer:
     rule = OPS["attention"]
     attrs = {**rule.attrs, "heads": heads, "head_dim": hd, "kv_heads": heads, "kv_seq": s, "out": heads * hd,
-             "causal": causal, "flash": flash, "bias": False}
+             "causal": causal, "flash": flash, "bias": False, "flash_version": version}
     return Layer("attention", tuple(sorted(attrs.items())), (s, heads * hd), (s, heads * hd), "attn",
                  rule.params((s, heads * hd), attrs))
 
@@ -76,13 +77,22 @@ def test_flash_is_a_switch_on_every_builtin_transformer() -> None:
         assert all(layer["flash"] for layer, _ in load_model(name).counted() if layer.op == "attention")
 
 
-def test_flash_uses_the_device_attention_curve() -> None:
+@pytest.mark.parametrize(("version", "curve"), [(2, "attention"), (3, "attention_fa3")])
+def test_flash_uses_the_device_curve_of_its_generation(version: int, curve: str) -> None:
+    """FlashAttention-2 and FlashAttention-3 differ on Hopper: 335 vs 661 TFLOP/s (Dao 2023; Shah et al. 2024)."""
     h100 = load_hardware("dgx-h100").device
-    (kernel,) = core(attention())
+    (kernel,) = core(attention(version=version))
     fwd, _ = kernel_times(kernel, h100, "bf16")
-    rate = kernel.cost.fwd_flops / (fwd - h100.launch_latency - h100.eff("attention").startup)
-    assert rate == pytest.approx(989e12 * h100.eff("attention").peak, rel=1e-9)
-    assert h100.eff("attention").peak != h100.eff("matmul").peak
+    rate = kernel.cost.fwd_flops / (fwd - h100.launch_latency - h100.eff(curve).startup)
+    assert rate == pytest.approx(989e12 * h100.eff(curve).peak, rel=1e-9)
+    assert h100.eff(curve).peak != h100.eff("matmul").peak
+
+
+def test_flash_version_is_2_or_3() -> None:
+    from dlperf.errors import SpecError
+
+    with pytest.raises(SpecError, match="flash_version"):
+        load_model("llama3-8b", {"flash_version": 4})
 
 
 def test_flash_speeds_up_and_shrinks_llama_training() -> None:

@@ -19,7 +19,8 @@ from dlperf import mathx
 from dlperf.ops.base import Kernel
 from dlperf.spec.hardware import Device, Efficiency
 
-MATRIX_CLASSES = ("matmul", "conv", "attention", "matmul_fp8")  # tensor-core kernels, timed at the dtype's peak
+# tensor-core kernels, timed at the dtype's peak
+MATRIX_CLASSES = ("matmul", "conv", "attention", "attention_fa3", "matmul_fp8")
 
 
 def startup_time(eff: Efficiency, top_rate: float) -> float:

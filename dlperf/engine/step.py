@@ -487,7 +487,7 @@ def step_flops(model: Model, plan: Plan, e: int) -> tuple[float, float, float]:
             model_total += count * kernel.cost.work
             recompute += count * extra
             inside += count * kernel.bwd_recompute_flops  # a fused kernel's own recomputation (FlashAttention)
-            if kernel.cls in ("matmul", "conv", "attention"):
+            if kernel.cls in ("matmul", "conv", "attention", "attention_fa3", "matmul_fp8"):
                 matrix += count * kernel.cost.work
                 matrix_again += count * extra
     batch, share = plan.global_batch, recompute_share(plan)

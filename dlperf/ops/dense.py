@@ -192,12 +192,16 @@ def _flash_kernel(layer: Layer, core: Cost, qkv_bytes: Any, out_bytes: Any, reco
 
     With a causal mask the kernel skips the blocks above the diagonal: FlashAttention-2 counts half the score
     FLOPs for causal attention (section 4.1), the convention of the efficiencies measured with it, so the
-    score work here is halved. Timed on the device's `attention` curve (FA2 on Ampere, FA3 on Hopper)."""
+    score work here is halved. `flash_version` picks the kernel generation and with it the device curve:
+    2 = FlashAttention-2 (the flash-attn 2 package, PyTorch SDPA's flash backend), class `attention`;
+    3 = FlashAttention-3 class kernels for Hopper (Shah et al. 2024; Transformer Engine's cuDNN fused attention is
+    of that generation), class `attention_fa3`, which falls back to `attention` on devices without one."""
     half = 2 if layer["causal"] and layer["kv_seq"] == layer.in_shape[-2] else 1
     flops = (core.fwd_flops / half, core.bwd_data_flops / half, core.bwd_weight_flops)
     fused = Cost(*flops, fwd_bytes=qkv_bytes + out_bytes, bwd_bytes=2 * qkv_bytes + 2 * out_bytes,
                  depth=core.depth, bwd_depth=core.bwd_depth)
-    return Kernel("flash_attention", "attention", fused, bwd_recompute_flops=recompute / half)
+    cls = "attention_fa3" if layer["flash_version"] == 3 else "attention"
+    return Kernel("flash_attention", cls, fused, bwd_recompute_flops=recompute / half)
 
 
 def _attention_params(s: tuple, a: dict) -> Any:
@@ -232,6 +236,9 @@ def _attention_check(shape: tuple, a: dict) -> None:
 
     if isinstance(a["heads"], int) and isinstance(a["kv_heads"], int) and a["heads"] % a["kv_heads"]:
         raise ShapeError(expected="heads divisible by kv_heads", found=f"{a['heads']} heads, {a['kv_heads']}")
+    if a["flash_version"] not in (2, 3):
+        raise ShapeError("flash_version", expected="2 (FlashAttention-2) or 3 (FlashAttention-3)",
+                         found=a["flash_version"])
 
 
 def _attention_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
@@ -241,7 +248,7 @@ def _attention_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
 
 ATTENTION = OpRule(
     attrs={"heads": REQUIRED, "head_dim": None, "kv_heads": None, "causal": False, "bias": True,
-           "flash": False, "kv_seq": None, "out": None, "dropout": 0.0, "qkv_bias": False},
+           "flash": False, "kv_seq": None, "out": None, "dropout": 0.0, "qkv_bias": False, "flash_version": 2},
     shape=lambda s, a: (*s[:-1], a["out"]),
     params=_attention_params,
     kernels=_attention_kernels,

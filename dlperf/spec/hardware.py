@@ -36,7 +36,7 @@ from dlperf.spec.yamlio import check_keys, field_name, line_of, load_yaml_file
 from dlperf.units import parse_quantity
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")
-KERNEL_CLASSES = ("matmul", "conv", "attention", "memory", "transcendental")
+KERNEL_CLASSES = ("matmul", "conv", "attention", "attention_fa3", "memory", "transcendental")
 
 # Defaults when a hardware file gives no efficiency curve. Sources:
 # - matmul 0.87: A100 SXM BF16 maximum achievable matmul 271.2/312 TF/s (stas00/ml-engineering,
@@ -138,6 +138,8 @@ class Device:
                     return self.efficiency[key]
         if kernel_class in self.efficiency:
             return self.efficiency[kernel_class]
+        if kernel_class == "attention_fa3":  # FlashAttention-3 class kernels, else the FlashAttention-2 curve
+            return self.eff("attention", dtype)
         if kernel_class in ("conv", "attention"):  # no measured curve of its own: the GEMM's
             return self.eff("matmul", dtype)
         if kernel_class == "matmul_fp8":  # an FP8 recipe's GEMM: the matmul curve measured in fp8 (dtypes.fp8)
@@ -266,7 +268,7 @@ def _curve(curve: Any, cls: str, file: str, here: str) -> Efficiency:
         kind = "bytes" if cls in ("memory", "transcendental") else "flops"
         half = _quantity(curve, "half", kind, file, here)
     startup = _startup(curve, file, here) if "startup" in curve else None
-    if cls in ("matmul", "attention") and "half" not in curve and startup is None:
+    if cls in ("matmul", "attention", "attention_fa3") and "half" not in curve and startup is None:
         startup = DEFAULT_EFFICIENCY["matmul"][2]  # a file that gives only the peak keeps the default t0
     tile = _tile(curve, file, here) if "tile" in curve else None
     overhead = _positive_int(curve, "tile_overhead_k", file, here) if "tile_overhead_k" in curve else 128

@@ -21,7 +21,8 @@ from dlperf.spec.yamlio import closest, line_of, load_yaml_file
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 # Attention kernel of a converted model: transformers' default attention (attn_implementation "sdpa") is
 # F.scaled_dot_product_attention, which runs the FlashAttention-2 kernel for causal fp16/bf16 attention without
-# a padding mask; an encoder with a padding mask (BERT) falls back to unfused or memory-efficient kernels.
+# a padding mask (flash_version 2; Llama-family documents expose it as a param); an encoder with a padding mask
+# (BERT) falls back to unfused or memory-efficient kernels.
 FLASH_DEFAULT = {"causal": True, "encoder": False}
 
 
@@ -92,11 +93,11 @@ def llama(config: dict) -> dict:
         "kv_heads": optional(config, "num_key_value_heads", heads),
         "head_dim": optional(config, "head_dim", max(hidden // heads, 1)),
         "ffn": need(config, "intermediate_size"), "vocab": need(config, "vocab_size"),
-        "seq": need(config, "max_position_embeddings"), "flash": FLASH_DEFAULT["causal"],
+        "seq": need(config, "max_position_embeddings"), "flash": FLASH_DEFAULT["causal"], "flash_version": 2,
     }
     attention = {"op": "attention", "heads": "heads", "kv_heads": "kv_heads", "head_dim": "head_dim",
                  "causal": True, "bias": optional(config, "attention_bias", False),
-                 "qkv_bias": config.get("model_type") == "qwen2", "flash": "flash",
+                 "qkv_bias": config.get("model_type") == "qwen2", "flash": "flash", "flash_version": "flash_version",
                  "dropout": _dropout(config, "attention_dropout")}
     block = [
         {"residual": [{"op": "rmsnorm"}, attention]},
