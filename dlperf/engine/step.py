@@ -478,18 +478,19 @@ def step_flops(model: Model, plan: Plan, e: int) -> tuple[float, float, float]:
     from dlperf.engine.stage import ATTENTION_CORE
     from dlperf.ops import OPS
 
-    model_total = recompute = matrix = matrix_again = inside = 0.0
+    model_total = ran = recompute = matrix = matrix_again = inside = 0.0
     for layer, count in model.counted():
         for kernel in OPS[layer.op].kernels(layer, 1, e):
             again = plan.recompute in ("full", "except_last") or (
                 plan.recompute == "selective" and kernel.name in ATTENTION_CORE and not layer.get("flash"))
             extra = kernel.cost.fwd_flops if again else 0.0
-            model_total += count * kernel.cost.work
+            model_total += count * kernel.cost.work * kernel.model_work_scale  # causal flash: the whole matrix
+            ran += count * kernel.cost.work
             recompute += count * extra
             inside += count * kernel.bwd_recompute_flops  # a fused kernel's own recomputation (FlashAttention)
             if kernel.cls in ("matmul", "conv", "attention", "attention_fa3", "matmul_fp8"):
-                matrix += count * kernel.cost.work
+                matrix += count * kernel.cost.work * kernel.model_work_scale
                 matrix_again += count * extra
     batch, share = plan.global_batch, recompute_share(plan)
-    executed = model_total + share * recompute + inside
+    executed = ran + share * recompute + inside
     return float(model_total) * batch, float(executed) * batch, float(matrix + share * matrix_again) * batch
