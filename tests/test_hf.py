@@ -133,7 +133,7 @@ def test_cli_show_and_predict_read_a_config(run) -> None:  # noqa: ANN001 - the 
     code, out, _ = run("show", config("gpt2"), "--format", "json")
     assert code == 0 and json.loads(out)[-1]["params"] == EXACT["gpt2"]
     code, out, _ = run("predict", config("meta-llama-3-8b"), "dgx-h100", "--gpus", "8", "--tp", "8",
-                       "--global-batch", "8", "--format", "json")
+                       "--global-batch", "8", "--micro-batch", "1", "--set", "seq=2048", "--format", "json")
     assert code == 0 and json.loads(out)["step_time_s"] > 0
 
 

@@ -231,7 +231,8 @@ def test_closed_form_prices_flash_and_fp8_as_the_engine(dtype: str) -> None:
 def test_cli_set_flash_switch(run) -> None:  # noqa: ANN001 - the conftest fixture
     import json
 
-    base = ("predict", "gpt", "dgx-a100", "--set", "layers=2", "--set", "seq=4096", "--format", "json")
+    base = ("predict", "gpt", "dgx-a100", "--set", "layers=2", "--set", "hidden=2048", "--set", "heads=16",
+            "--set", "seq=4096", "--format", "json")
     code, off, _ = run(*base)
     code2, on, _ = run(*base, "--set", "flash=true")
     assert code == code2 == 0
