@@ -45,6 +45,9 @@ class Kernel:
     parallelism divides it. A GEMM carries its forward shape `gemm` (batch, m, n, k) for tile and wave
     quantization, and `tp_dim` names the dimension tensor parallelism divides: n (column-parallel), k
     (row-parallel), batch (attention heads), or None when the op's place in the network decides (a linear layer).
+    `dtype` pins the kernel's compute precision whatever the plan's (a MoE router runs in
+    fp32); `expert` marks the routed experts' work, which lands on the busiest expert-parallel rank (the engine
+    scales its time by the load-imbalance or capacity factor).
     """
 
     name: str
@@ -55,6 +58,8 @@ class Kernel:
     bwd_launches: Any = None
     gemm: tuple[Any, Any, Any, Any] | None = None
     tp_dim: str | None = None
+    dtype: str | None = None
+    expert: bool = False
 
     @property
     def backward_launches(self) -> Any:
@@ -69,7 +74,8 @@ class OpRule:
     (heads split; allreduce of the output forward and of the input gradient backward), 'conv' (filters split;
     allgather of outputs forward, allreduce of input gradients backward, survey section 6), 'vocab'
     (vocabulary-parallel embedding or loss), 'elementwise' (follows its input's sharding), 'full' (needs the
-    whole activation), 'none' (no data).
+    whole activation), 'none' (no data). `expert_params` (MoE layers) gives the part of the parameters that
+    expert parallelism shards.
     """
 
     attrs: dict[str, Any]
@@ -80,6 +86,7 @@ class OpRule:
     asymptotic: Callable[[Layer, Any], tuple[Any, Any]] | None = None
     tp: str = "elementwise"
     check: Callable[[Shape, dict], None] = field(default=lambda shape, a: None)
+    expert_params: Callable[[Layer], Any] | None = None  # the routed experts' share of `params` (MoE layers)
 
 
 def numel(shape: Shape) -> Any:
