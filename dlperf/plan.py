@@ -12,6 +12,13 @@ RECOMPUTE = ("none", "selective", "full", "except_last")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 CONSISTENCY = ("sync", "ssp", "async")
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+CP_ALGORITHMS = ("ring", "ulysses")
+# Default load imbalance of dropless expert routing: the busiest expert-parallel rank gets this many times the
+# mean number of routed tokens. Source: Switch Transformer (Fedus et al. 2022, JMLR 23, Sec. 2.2 and Table 1),
+# whose capacity factor -- expert buffer / mean tokens per expert -- of 1.25 is the headroom over the mean load
+# that its auxiliary-loss-balanced router needs to drop few tokens; dropless routing (Megatron-Core's default)
+# instead runs the busiest rank at that load. A plan knob (--moe-imbalance); 1.0 is perfect balance.
+MOE_IMBALANCE = 1.25
 
 
 @dataclass(frozen=True)
@@ -36,10 +43,24 @@ class Plan:
     parameter_server: int = 0            # >0: data parallelism through that many sharded servers instead
     grad_dtype: str | None = None        # None = the compute dtype's storage type
     hybrid_fc: bool = False              # Krizhevsky 2014: data-parallel convolutions, model-parallel FC head
+    ep: int = 1                          # expert parallelism: experts sharded over ep ranks of the dp group
+    cp: int = 1                          # context parallelism: each sequence split over cp ranks
+    cp_algorithm: str = "ring"           # ring attention (KV passed around) or ulysses (all-to-all over heads)
+    moe_imbalance: float | None = None   # busiest expert rank's tokens / mean (None: MOE_IMBALANCE)
 
     @property
     def data_parallel(self) -> int:
-        return self.dp if self.dp is not None else self.devices // (self.tp * self.pp)
+        return self.dp if self.dp is not None else self.devices // (self.tp * self.pp * self.cp)
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """Replicas of each expert shard, over which expert gradients are reduced (Megatron-Core's expert-data-
+        parallel group): the data- and context-parallel ranks that hold the same experts."""
+        return self.data_parallel * self.cp // self.ep
+
+    @property
+    def imbalance(self) -> float:
+        return MOE_IMBALANCE if self.moe_imbalance is None else self.moe_imbalance
 
     @property
     def micro(self) -> int:
@@ -80,11 +101,29 @@ def _check_knobs(plan: Plan) -> None:
             raise PlanError(name, expected="an integer >= 0", found=value)
     if plan.grad_dtype is not None:
         _choice("grad_dtype", plan.grad_dtype, DTYPES)
+    _choice("cp_algorithm", plan.cp_algorithm, CP_ALGORITHMS)
+    value = plan.moe_imbalance
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1):
+        raise PlanError("moe_imbalance", expected="a number >= 1 (busiest rank's tokens / mean)", found=value)
+
+
+def _check_degrees(plan: Plan) -> None:
+    """dp*tp*pp(*cp) = devices, and expert parallelism carved out of the data-parallel group."""
+    inner, names = plan.tp * plan.pp * plan.cp, "tp*pp" + ("*cp" if plan.cp > 1 else "")
+    if plan.dp is None and plan.devices % inner:
+        raise PlanError(f"{names} = {inner} must divide the device count {plan.devices}")
+    dp = plan.data_parallel
+    if dp < 1 or dp * inner != plan.devices:
+        cp = f"*{plan.cp}" if plan.cp > 1 else ""
+        raise PlanError(f"dp*{names} must equal the device count: {dp}*{plan.tp}*{plan.pp}{cp} != {plan.devices}")
+    if dp % plan.ep:
+        raise PlanError(f"ep={plan.ep} must divide the data-parallel degree dp={dp} (expert parallelism is carved "
+                        "out of the data-parallel group, as in Megatron-Core)")
 
 
 def validate(plan: Plan, heads: int | None = None, layers: int | None = None) -> Plan:
     """Check degrees multiply to the device count, batches divide, tp <= heads, pp <= layers, ..."""
-    for name in ("devices", "tp", "pp", "global_batch", "virtual_stages"):
+    for name in ("devices", "tp", "pp", "global_batch", "virtual_stages", "ep", "cp"):
         _positive(name, getattr(plan, name))
     if plan.dp is not None:
         _positive("dp", plan.dp)
@@ -98,11 +137,8 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
         _choice("dtype", plan.dtype, DTYPES)
     if plan.zero not in (0, 1, 2, 3):
         raise PlanError("zero", expected="0, 1, 2 or 3", found=plan.zero)
-    if plan.dp is None and plan.devices % (plan.tp * plan.pp):
-        raise PlanError(f"tp*pp = {plan.tp * plan.pp} must divide the device count {plan.devices}")
+    _check_degrees(plan)
     dp = plan.data_parallel
-    if dp < 1 or dp * plan.tp * plan.pp != plan.devices:
-        raise PlanError(f"dp*tp*pp must equal the device count: {dp}*{plan.tp}*{plan.pp} != {plan.devices}")
     if plan.global_batch % dp:
         raise PlanError(f"global batch {plan.global_batch} is not divisible by dp={dp}")
     per_replica = plan.global_batch // dp
@@ -110,6 +146,9 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
         raise PlanError(f"per-replica batch {per_replica} is not divisible by micro-batch {plan.micro}")
     if heads is not None and isinstance(heads, int) and plan.tp > 1 and heads % plan.tp:
         raise PlanError(f"tp={plan.tp} must divide the attention heads ({heads})")
+    if heads is not None and isinstance(heads, int) and plan.cp_algorithm == "ulysses" and heads % (plan.tp * plan.cp):
+        raise PlanError(f"Ulysses context parallelism splits heads: tp*cp = {plan.tp * plan.cp} must divide the "
+                        f"attention heads ({heads})")
     if layers is not None and plan.pp > layers:
         raise PlanError(f"pp={plan.pp} exceeds the number of layers that can be staged ({layers})")
     if plan.schedule == "interleaved":

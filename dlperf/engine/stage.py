@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlperf import mathx
+from dlperf.cost import Cost
+from dlperf.engine.context import ATTENTION_OPS, Parallel, core_divisor, cp_exchange, ep_exchange, expert_load
 from dlperf.engine.device import dispatch_times, kernel_times
 from dlperf.engine.layers import Use
 from dlperf.ops import OPS
@@ -34,6 +36,11 @@ class StageCost:
     host_fwd: Any = 0.0             # host seconds to issue the forward kernels of one micro-batch
     host_bwd: Any = 0.0             # ... the backward kernels
     host_recompute: Any = 0.0       # ... the recomputed forward kernels
+    ep_comm_fwd: Any = 0.0          # expert dispatch + combine all-to-alls
+    ep_comm_bwd: Any = 0.0
+    cp_comm_fwd: Any = 0.0          # context-parallel exchange left exposed (ring sends, Ulysses all-to-alls)
+    cp_comm_bwd: Any = 0.0
+    expert_params: Any = 0          # the routed experts' share of `params` when ep > 1 (reduced over edp)
 
     @property
     def dp_params(self) -> Any:
@@ -42,7 +49,8 @@ class StageCost:
     def __add__(self, other: StageCost) -> StageCost:
         """Two parts of one device's work run one after the other (e.g. the convolutional body and the head)."""
         names = ("forward", "backward", "recompute", "tp_comm_fwd", "tp_comm_bwd", "params",
-                 "saved_bytes", "host_fwd", "host_bwd", "host_recompute")
+                 "saved_bytes", "host_fwd", "host_bwd", "host_recompute", "ep_comm_fwd", "ep_comm_bwd",
+                 "cp_comm_fwd", "cp_comm_bwd", "expert_params")
         out = StageCost(**{n: getattr(self, n) + getattr(other, n) for n in names})
         for part in (self, other):
             for key, value in part.per_type.items():
@@ -51,7 +59,8 @@ class StageCost:
 
     @property
     def total(self) -> Any:
-        return self.forward + self.backward + self.recompute + self.tp_comm_fwd + self.tp_comm_bwd
+        return (self.forward + self.backward + self.recompute + self.tp_comm_fwd + self.tp_comm_bwd
+                + self.ep_comm_fwd + self.ep_comm_bwd + self.cp_comm_fwd + self.cp_comm_bwd)
 
 
 def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any) -> tuple[Kernel, str]:
@@ -76,15 +85,24 @@ def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
 
 
 def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp: int, sp: bool,
-               recompute: str, comm_time: Any) -> StageCost:
-    """Sum the layers' kernels at micro-batch `batch`; `comm_time(op, nbytes)` prices tp collectives."""
+               recompute: str, comm_time: Any, par: Parallel | None = None) -> StageCost:
+    """Sum the layers' kernels at micro-batch `batch`; `comm_time(op, nbytes)` prices tp collectives; `par`
+    adds expert and context parallelism (None: neither)."""
     out = StageCost()
+    par = par or Parallel()
     for use in uses:
         divisor = tp if (use.sharded or sp) else 1
+        core = [0.0, 0.0]  # this layer's attention-core seconds, which a ring exchange overlaps
         for kernel in use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1)):
             split = divisor if (kernel.split or sp) else 1
-            fwd, bwd = kernel_times(kernel, hw.device, dtype, split, use.tp_dim)
+            kernel = _cp_kernel(kernel, _cp_split(use, kernel, par))
+            fwd, bwd = kernel_times(kernel, hw.device, kernel.dtype or dtype, split, use.tp_dim)
             host_fwd, host_bwd = dispatch_times(kernel, hw.device)
+            load = expert_load(use.layer, par) if kernel.expert else 1
+            if load != 1:
+                fwd, bwd = fwd * load, bwd * load
+            if kernel.name in ATTENTION_CORE:
+                core = [core[0] + fwd, core[1] + bwd]
             out.forward = out.forward + use.count * fwd
             out.backward = out.backward + use.count * bwd
             out.host_fwd = out.host_fwd + use.count * host_fwd
@@ -94,9 +112,11 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
                 out.host_recompute = out.host_recompute + use.count * host_fwd
             key = f"{use.layer.op}"
             out.per_type[key] = out.per_type.get(key, 0.0) + use.count * (fwd + bwd)
+        if par.active:
+            _add_ep_cp(out, use, batch, e, tp, recompute, par, core)
         for phase, op, elements in use.comm:
             if tp > 1 and not mathx.is_zero(elements):
-                t = use.count * comm_time(op, e * batch * elements)
+                t = use.count * comm_time(op, e * batch * (elements / par.cp if par.cp > 1 else elements))
                 # issuing the collective is one more op for the host (c10d call, stream sync, launch)
                 host = use.count * (hw.device.dispatch_forward if phase == "fwd" else hw.device.dispatch_backward)
                 if phase == "fwd":
@@ -110,8 +130,50 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         saved = OPS[use.layer.op].saved(use.layer, e) * batch / (tp if (use.sharded or sp) else 1)
         if recompute == "selective":
             saved = saved - quadratic_attention_bytes(use.layer, e) * batch / tp
-        out.saved_bytes = out.saved_bytes + use.count * saved
+        out.saved_bytes = out.saved_bytes + use.count * (saved / par.cp if par.cp > 1 else saved)
     return out
+
+
+def _cp_kernel(kernel: Kernel, divisor: Any) -> Kernel:
+    """The kernel on one context-parallel rank: its FLOPs and bytes divided, and a GEMM's token rows m (for tile
+    and wave quantization) with them; the launches stay."""
+    if divisor == 1:
+        return kernel
+    c = kernel.cost
+    cost = Cost(c.fwd_flops / divisor, c.bwd_data_flops / divisor, c.bwd_weight_flops / divisor,
+                c.fwd_bytes / divisor, c.bwd_bytes / divisor, c.depth, c.bwd_depth)
+    shape = kernel.gemm and (kernel.gemm[0], kernel.gemm[1] / divisor, *kernel.gemm[2:])
+    return replace(kernel, cost=cost, gemm=shape)
+
+
+def _cp_split(use: Use, kernel: Kernel, par: Parallel) -> Any:
+    """Context parallelism divides token-wise work by cp, and the attention core by its busiest rank's share."""
+    if par.cp == 1:
+        return 1
+    if kernel.name in ATTENTION_CORE and use.layer.op in ATTENTION_OPS:
+        return core_divisor(par.cp, use.layer, par.cp_algorithm)
+    return par.cp
+
+
+def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute: str, par: Parallel,
+               core: list[Any]) -> None:
+    """Expert all-to-alls of a MoE layer and the context-parallel exchange of an attention layer; with ep > 1
+    the routed experts' parameters are sharded ep ways on top of tp."""
+    layer, count = use.layer, use.count
+    fwd = bwd = 0.0
+    if par.ep > 1 and layer.op == "moe":
+        fwd = bwd = ep_exchange(use, batch, e, tp, par)
+        out.ep_comm_fwd = out.ep_comm_fwd + count * fwd
+        out.ep_comm_bwd = out.ep_comm_bwd + count * bwd
+        experts = OPS[layer.op].expert_params(layer) / (tp if use.sharded else 1)
+        out.params = out.params - count * experts * (1 - 1 / par.ep)
+        out.expert_params = out.expert_params + count * experts / par.ep
+    if par.cp > 1 and layer.op in ATTENTION_OPS:
+        fwd, bwd = cp_exchange(use, batch, e, tp, par, core[0], core[1])
+        out.cp_comm_fwd = out.cp_comm_fwd + count * fwd
+        out.cp_comm_bwd = out.cp_comm_bwd + count * bwd
+    if recompute in FULL:
+        out.recompute = out.recompute + count * fwd
 
 
 def _recomputed(recompute: str, use: Use, kernel: Kernel) -> bool:
