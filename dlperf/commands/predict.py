@@ -198,7 +198,8 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
 
     p = r.plan
     extra = "".join(f" {k}={p[k]}" for k in ("cp", "ep") if p.get(k, 1) > 1)
-    lines = [f"{spec.name} on {hw.name}: {p['devices']} x {hw.device.name}, dp={p['dp']} tp={p['tp']} pp={p['pp']}{extra}, "
+    lines = [f"{spec.name} on {hw.name}: {p['devices']} x {hw.device.name}, "
+             f"dp={p['dp']} tp={p['tp']} pp={p['pp']}{extra}, "
              f"global batch {p['global_batch']} (micro-batch {p['micro_batch']} x {p['micro_batches']}), "
              f"{p['dtype']}, {p['optimizer']}, recompute {p['recompute']}, zero {p['zero']}"]
     lines += [f"note: {n}" for n in r.notes]
