@@ -47,6 +47,7 @@ class Plan:
     cp: int = 1                          # context parallelism: each sequence split over cp ranks
     cp_algorithm: str = "ring"           # ring attention (KV passed around) or ulysses (all-to-all over heads)
     moe_imbalance: float | None = None   # busiest expert rank's tokens / mean (None: MOE_IMBALANCE)
+    ep_overlap: bool = False             # dispatch/combine hidden behind an adjacent micro-batch (combined 1F1B)
 
     @property
     def data_parallel(self) -> int:
@@ -121,6 +122,21 @@ def _check_degrees(plan: Plan) -> None:
                         "out of the data-parallel group, as in Megatron-Core)")
 
 
+def _check_ep_overlap(plan: Plan) -> None:
+    """Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm) pairs one micro-batch's forward with
+    another's backward: it needs ep > 1, two or more micro-batches, no full recomputation, and with pp > 1 the
+    interleaved schedule (Megatron-Core user guide, "Combined 1F1B: Expert-Parallel All-to-All Overlap")."""
+    if plan.ep == 1:
+        raise PlanError("--ep-overlap hides expert all-to-alls: it needs ep > 1")
+    if plan.recompute in ("full", "except_last"):
+        raise PlanError("--ep-overlap does not combine with full recomputation (Megatron-Core)")
+    if plan.pp > 1 and plan.schedule != "interleaved":
+        raise PlanError("--ep-overlap with pp > 1 needs the interleaved schedule (Megatron-Core)")
+    if plan.micro_batches < 2:
+        raise PlanError("--ep-overlap pairs micro-batches: it needs 2 or more per replica",
+                        expected="micro-batches >= 2", found=plan.micro_batches)
+
+
 def validate(plan: Plan, heads: int | None = None, layers: int | None = None) -> Plan:
     """Check degrees multiply to the device count, batches divide, tp <= heads, pp <= layers, ..."""
     for name in ("devices", "tp", "pp", "global_batch", "virtual_stages", "ep", "cp"):
@@ -165,6 +181,8 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
         raise PlanError("virtual stages need --schedule interleaved")
     if plan.hybrid_fc and (plan.tp > 1 or plan.pp > 1):
         raise PlanError("--hybrid-fc spreads the fully connected head over all devices: it needs tp = pp = 1")
+    if plan.ep_overlap:
+        _check_ep_overlap(plan)
     if plan.sequence_parallel and plan.tp == 1:
         raise PlanError("sequence parallelism needs tp > 1")
     _check_knobs(plan)

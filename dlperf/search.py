@@ -64,6 +64,7 @@ class SearchSpace:
     # the experts; context parallelism is off unless asked for (long sequences: e.g. (1, 2, 4, 8)).
     ep: tuple[int, ...] | None = None
     cp: tuple[int, ...] = (1,)
+    ep_overlap: tuple[bool, ...] = (False, True)  # combined 1F1B, where its rules allow it (ep > 1)
 
 
 def enumerate_plans(base: Plan, node_size: int, heads: int | None, layers: int,
@@ -101,8 +102,16 @@ def _knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) -> Ite
             for zero in (space.zero if plan.dp > 1 or plan.cp > 1 else (0,)):
                 for recompute in space.recompute:
                     for sp in (space.sequence_parallel if plan.tp > 1 else (False,)):
-                        yield plan.with_(micro_batch=micro, schedule=schedule, virtual_stages=v, zero=zero,
-                                         recompute=recompute, sequence_parallel=sp)
+                        for overlap in _ep_overlaps(plan, m, schedule, recompute, space):
+                            yield plan.with_(micro_batch=micro, schedule=schedule, virtual_stages=v, zero=zero,
+                                             recompute=recompute, sequence_parallel=sp, ep_overlap=overlap)
+
+
+def _ep_overlaps(plan: Plan, m: int, schedule: str, recompute: str, space: SearchSpace) -> tuple[bool, ...]:
+    """Expert all-to-all overlap where Megatron-Core allows it (dlperf.plan._check_ep_overlap)."""
+    allowed = plan.ep > 1 and m >= 2 and recompute not in ("full", "except_last") and (
+        plan.pp == 1 or schedule == "interleaved")
+    return space.ep_overlap if allowed else (False,)
 
 
 def _schedules(pp: int, m: int, space: SearchSpace, layers: int) -> Iterator[tuple[str, int]]:
@@ -141,7 +150,7 @@ class SearchResult:
         for rank, ev in enumerate(self.ranked[:top], 1):
             p = ev.plan
             row = {"rank": rank, "devices": p.devices, "dp": p.data_parallel, "tp": p.tp, "pp": p.pp, "cp": p.cp,
-                   "ep": p.ep,
+                   "ep": p.ep, "ep_overlap": p.ep_overlap,
                    "micro_batch": p.micro, "micro_batches": p.micro_batches, "schedule": p.schedule,
                    "virtual_stages": p.virtual_stages, "zero": p.zero, "recompute": p.recompute,
                    "sequence_parallel": p.sequence_parallel, "step_time_s": ev.step_time_s,

@@ -316,3 +316,58 @@ def test_step_model_caches_per_ep():
     a = sm.timeline(plan)
     b = sm.timeline(plan.with_(ep=8))
     assert a.breakdown_s["comm/ep"] == 0 < b.breakdown_s["comm/ep"]
+
+
+# ---- expert all-to-all overlap and group-limited dispatch -----------------------------------------------
+
+
+def test_ep_overlap_hides_alltoalls_behind_the_paired_pass():
+    """Combined 1F1B: per micro-batch only what outlasts the other micro-batch's opposite pass shows, and the
+    first forward and last backward are unpaired."""
+    model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    sm = StepModel(model, hw)
+    plan = Plan(devices=16, ep=8, global_batch=64, micro_batch=1, zero=1)
+    slow = sm.stages(plan, "bf16", 2)[1]
+    m = plan.micro_batches
+    plain, hidden = sm.timeline(plan), sm.timeline(plan.with_(ep_overlap=True))
+    assert plain.breakdown_s["comm/ep"] == pytest.approx(m * (slow.ep_comm_fwd + slow.ep_comm_bwd), rel=1e-12)
+    expected = (slow.ep_comm_fwd + slow.ep_comm_bwd + (m - 1) * (max(slow.ep_comm_fwd - slow.backward, 0)
+                                                                + max(slow.ep_comm_bwd - slow.forward, 0)))
+    assert hidden.breakdown_s["comm/ep"] == pytest.approx(expected, rel=1e-12)
+    assert hidden.step_time_s < plain.step_time_s
+    assert hidden.memory["activations"] > plain.memory["activations"]  # the paired micro-batch's activations
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"ep": 1}, "needs ep > 1"),
+    ({"recompute": "full"}, "full recomputation"),
+    ({"pp": 2, "devices": 32}, "interleaved schedule"),
+    ({"micro_batch": 2}, "2 or more"),
+])
+def test_ep_overlap_rules(changes, message):
+    model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    plan = Plan(devices=16, ep=8, global_batch=32, micro_batch=1, zero=1, ep_overlap=True).with_(**changes)
+    with pytest.raises(PlanError, match=message):
+        predict(model, hw, plan)
+
+
+def test_group_limited_routing_dispatches_once_per_node():
+    """DeepSeek-V3 at ep=64 (8 nodes): a token reaches at most 4 nodes; InfiniBand carries one copy per node
+    reached, NVLink the top_k copies inside the node."""
+    import dlperf.comm as comm
+    from dlperf.engine.context import dispatch_bytes, ep_exchange, nodes_reached
+    from dlperf.engine.layers import Use
+    from dlperf.engine.step import _parallel
+
+    model, hw = load_model("deepseek-v3"), load_hardware("dgx-h100")
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    assert nodes_reached(layer, 8) == 4 and nodes_reached(layer, 2) == 2
+    plan = Plan(devices=512, ep=64, global_batch=512, micro_batch=1, moe_imbalance=1.0)
+    par = _parallel(comm, hw, plan)
+    assert par.ep_nodes == 8
+    nbytes = dispatch_bytes(layer, 1, 2, 1, 1)
+    expected = 2 * (comm.collective_time("alltoall", nbytes * 4 / 8, comm.Group(8, 8), hw)
+                    + comm.collective_time("alltoall", nbytes, comm.Group(8, 1), hw))
+    assert ep_exchange(Use(layer, 1, False), 1, 2, 1, par) == pytest.approx(expected, rel=1e-12)
+    flat = replace(layer, attrs=tuple((k, None if k in ("groups", "top_groups") else v) for k, v in layer.attrs))
+    assert ep_exchange(Use(flat, 1, False), 1, 2, 1, par) > 1.5 * expected

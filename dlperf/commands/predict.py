@@ -30,6 +30,9 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--ep", type=POSITIVE, default=1, show_default=True,
                      help="Expert-parallel degree: MoE experts sharded over this many ranks of the data-parallel "
                           "group."),
+        click.option("--ep-overlap", is_flag=True,
+                     help="Hide expert all-to-alls behind an adjacent micro-batch's compute (Megatron-Core's "
+                          "combined 1F1B, --overlap-moe-expert-parallel-comm; DeepSeek-V3's DualPipe pairing)."),
         click.option("--moe-imbalance", type=click.FloatRange(min=1), default=None,
                      help="Tokens of the busiest expert-parallel rank over the mean (default 1.25, Switch "
                           "Transformer's capacity factor)."),
@@ -89,7 +92,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         parameter_server=opts.get("parameter_server", 0), optimizer=opts.get("optimizer", "adam"),
         hybrid_fc=opts.get("hybrid_fc", False),
         dtype=opts.get("dtype"), ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
-        moe_imbalance=opts.get("moe_imbalance"),
+        moe_imbalance=opts.get("moe_imbalance"), ep_overlap=opts.get("ep_overlap", False),
     )
     if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
         from dlperf.engine.defaults import default_plan

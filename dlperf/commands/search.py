@@ -99,7 +99,7 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
     plan_cols = ["rank", "dp", "tp", "pp", "micro_batch", "schedule", "virtual_stages", "zero", "recompute",
                  "sequence_parallel", "step_time_s", "samples_per_s", "memory_gib"]
     if any(r["ep"] > 1 or r["cp"] > 1 for r in rows):
-        plan_cols = plan_cols[:4] + ["cp", "ep"] + plan_cols[4:]
+        plan_cols = plan_cols[:4] + ["cp", "ep", "ep_overlap"] + plan_cols[4:]
     if objective == "cost" or len(counts) > 1:
         plan_cols = ["rank", "devices"] + plan_cols[1:] + (["cost_per_step"] if objective == "cost" else [])
     if objective == "cost":

@@ -40,6 +40,9 @@ class Parallel:
     cp_algorithm: str = "ring"
     imbalance: float = 1.0
     ep_alltoall: Callable[[Any], Any] | None = None   # bytes per rank -> seconds, over the ep group
+    ep_nodes: int = 1                                 # nodes the ep group spans
+    ep_alltoall_nodes: Callable[[Any], Any] | None = None  # over one rank per node (same in-node index)
+    ep_alltoall_node: Callable[[Any], Any] | None = None   # over the ep ranks inside one node
     cp_alltoall: Callable[[Any], Any] | None = None   # over the cp group (Ulysses)
     cp_send: Callable[[Any], Any] | None = None       # one ring hop
 
@@ -127,9 +130,25 @@ def dispatch_bytes(layer: Layer, batch: Any, e: int, tp: int, cp: int) -> Any:
     return e * batch * dispatch_elements(layer, layer.get("capacity_factor") or 1) / (tp * cp)
 
 
+def nodes_reached(layer: Layer, nodes: int) -> int:
+    """Most nodes one token's top_k experts lie on under group-limited routing (DeepSeek-V3 Sec. 2.1.2: experts
+    in `groups` groups, a token choosing among the best `top_groups`): experts spread evenly over the nodes, a
+    group covers ceil(nodes / groups) of them."""
+    return min(layer["top_k"], nodes, layer["top_groups"] * -(-nodes // layer["groups"]))
+
+
 def ep_exchange(use: Use, batch: Any, e: int, tp: int, par: Parallel) -> Any:
     """Seconds of one MoE layer's dispatch + combine all-to-alls per micro-batch, one direction (forward; the
-    backward sends the gradients the same way). Dropless routing sends the busiest rank's load."""
+    backward sends the gradients the same way). Dropless routing sends the busiest rank's load.
+
+    Plain routing sends each of a token's top_k copies to its expert's rank (Megatron-Core's all-to-all
+    dispatcher). Group-limited routing across nodes is dispatched hierarchically (DeepSeek-V3 Sec. 3.2.2,
+    DeepEP): a token crosses InfiniBand once per node it reaches, to the GPU with the same in-node index, and is
+    forwarded over NVLink to its experts there; the combine retraces the path."""
     layer = use.layer
     load = 1 if layer.get("capacity_factor") else expert_load(layer, par)
-    return 2 * par.ep_alltoall(dispatch_bytes(layer, batch, e, tp, par.cp) * load)
+    nbytes = dispatch_bytes(layer, batch, e, tp, par.cp) * load
+    if layer.get("top_groups") and par.ep_nodes > 1:
+        across = nbytes / layer["top_k"] * nodes_reached(layer, par.ep_nodes)
+        return 2 * (par.ep_alltoall_nodes(across) + par.ep_alltoall_node(nbytes))
+    return 2 * par.ep_alltoall(nbytes)

@@ -186,10 +186,11 @@ class StepModel:
         dtype = plan.dtype or self.model.dtype
         e = element_bytes(dtype)
         stages, slow, params, boundary = self.stages(plan, dtype, e)
+        ep_fwd, ep_bwd = _ep_exposed(plan, slow, m)
         share = recompute_share(plan, m)
         recompute = slow.recompute * share
-        device_fwd = slow.forward + slow.tp_comm_fwd + slow.ep_comm_fwd + slow.cp_comm_fwd
-        device_bwd = slow.backward + slow.tp_comm_bwd + slow.ep_comm_bwd + slow.cp_comm_bwd + recompute
+        device_fwd = slow.forward + slow.tp_comm_fwd + ep_fwd + slow.cp_comm_fwd
+        device_bwd = slow.backward + slow.tp_comm_bwd + ep_bwd + slow.cp_comm_bwd + recompute
         # The host issues kernels asynchronously ahead of the GPU; a pass is host-bound when issuing its kernels
         # takes longer than running them (DEFAULT_DISPATCH in spec/hardware.py).
         t_fwd = mathx.maximum(device_fwd, slow.host_fwd)
@@ -204,7 +205,7 @@ class StepModel:
             "compute/backward": m * slow.backward,
             "compute/recompute": m * recompute,
             "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd),
-            "comm/ep": m * (slow.ep_comm_fwd + slow.ep_comm_bwd),
+            "comm/ep": m * (ep_fwd + ep_bwd),
             "comm/cp": m * (slow.cp_comm_fwd + slow.cp_comm_bwd),
             "overhead/host": m * ((t_fwd - device_fwd) + (t_bwd - device_bwd)),
             "comm/pp_p2p": p2p,
@@ -212,7 +213,8 @@ class StepModel:
             "comm/dp_allreduce": step - compute if plan.consistency != "sync" else dp_exposed,
             "optimizer": optimizer,
         }
-        memory = mem.per_device(self.model, self.hw, plan, stages, dtype, in_flight(plan.schedule, m, plan.pp, v))
+        flight = in_flight(plan.schedule, m, plan.pp, v) + (1 if plan.ep_overlap else 0)  # the paired micro-batch
+        memory = mem.per_device(self.model, self.hw, plan, stages, dtype, flight)
         return step + optimizer, breakdown, memory, slow, dtype, staleness
 
     def _p2p_time(self, plan: Plan, e: int, boundary: Any) -> Any:
@@ -476,12 +478,38 @@ def _parallel(comm: Any, hw: Hardware, plan: Plan) -> Parallel | None:
     ep_group, cp_group = comm.Group(plan.ep, plan.tp * plan.cp), comm.Group(plan.cp, plan.tp)
     level = _level_for_stride(hw, plan.tp * plan.cp - 1)
     crossing = (hw.network[0].size or 1) if level > 0 else 1
+    local, nodes = _ep_per_node(hw, plan)
+    across, inside = comm.Group(nodes, plan.tp * plan.cp * local), comm.Group(local, plan.tp * plan.cp)
     return Parallel(
         ep=plan.ep, cp=plan.cp, cp_algorithm=plan.cp_algorithm, imbalance=plan.imbalance,
         ep_alltoall=lambda nbytes: comm.collective_time("alltoall", nbytes, ep_group, hw),
+        ep_nodes=nodes,
+        ep_alltoall_nodes=lambda nbytes: comm.collective_time("alltoall", nbytes, across, hw),
+        ep_alltoall_node=lambda nbytes: comm.collective_time("alltoall", nbytes, inside, hw),
         cp_alltoall=lambda nbytes: comm.collective_time("alltoall", nbytes, cp_group, hw),
         cp_send=lambda nbytes: comm.p2p_time(nbytes, hw, level, crossing),
     )
+
+
+def _ep_exposed(plan: Plan, slow: StageCost, m: Any) -> tuple[Any, Any]:
+    """Expert all-to-all seconds per micro-batch left on the critical path, forward and backward. Without
+    overlap, all of it. With combined 1F1B (Megatron-Core's EP A2A overlap, DeepSeek-V3's DualPipe pairing, arXiv
+    2412.19437 Sec. 3.2.1) micro-batch i's forward runs beside micro-batch j's backward: i's dispatch/combine hide
+    behind j's backward compute and j's behind i's forward compute, so per pair only what outlasts the other
+    pass shows; the first forward and the last backward have no partner (m - 1 pairs in m micro-batches)."""
+    fwd, bwd = slow.ep_comm_fwd, slow.ep_comm_bwd
+    if not plan.ep_overlap:
+        return fwd, bwd
+    paired_fwd = mathx.maximum(fwd - slow.backward, 0.0)
+    paired_bwd = mathx.maximum(bwd - slow.forward, 0.0)
+    return (fwd + (m - 1) * paired_fwd) / m, (bwd + (m - 1) * paired_bwd) / m
+
+
+def _ep_per_node(hw: Hardware, plan: Plan) -> tuple[int, int]:
+    """(ep ranks inside one node, nodes the ep group spans): its ranks are tp*cp apart."""
+    node, stride = hw.network[0].size or plan.ep * plan.tp * plan.cp, plan.tp * plan.cp
+    local = max(1, min(plan.ep, node // stride))
+    return (local, plan.ep // local) if plan.ep % local == 0 else (plan.ep, 1)
 
 
 def _ep_cp_key(plan: Plan) -> tuple:

@@ -128,11 +128,16 @@ def _moe_check(shape: tuple, a: dict) -> None:
     if isinstance(experts, int) and isinstance(k, int) and k > experts:
         raise ShapeError("moe routes each token to top_k of its experts", expected=f"top_k <= experts ({experts})",
                          found=k)
+    groups, top = a["groups"], a["top_groups"]
+    if (groups is None) != (top is None) or (groups and (experts % groups or top > groups)):
+        raise ShapeError("group-limited routing needs both groups (dividing the experts) and top_groups <= groups",
+                         expected="groups and top_groups together", found=f"groups {groups}, top_groups {top}")
 
 
 MOE = OpRule(
     attrs={"experts": REQUIRED, "top_k": REQUIRED, "ffn": REQUIRED, "shared_experts": 0, "shared_ffn": None,
-           "gated": True, "capacity_factor": None, "router_bias": False, "shared_gate": False},
+           "gated": True, "capacity_factor": None, "router_bias": False, "shared_gate": False, "groups": None,
+           "top_groups": None},
     shape=lambda s, a: s,
     params=_moe_params,
     kernels=_moe_kernels,

@@ -173,6 +173,9 @@ def deepseek_v3(config: dict) -> dict:
     attention = [{"residual": [{"op": "rmsnorm"}, mla]}]
     moe_attrs = {"experts": "experts", "top_k": "top_k", "ffn": "moe_ffn", "shared_experts": "shared_experts",
                  "router_bias": config.get("topk_method", "noaux_tc") == "noaux_tc"}
+    if config.get("n_group") and config.get("topk_group"):  # group-limited (node-limited) routing
+        params |= {"groups": config["n_group"], "top_groups": config["topk_group"]}
+        moe_attrs |= {"groups": "groups", "top_groups": "top_groups"}
     if not config.get("n_shared_experts"):
         moe_attrs.pop("shared_experts")
         params.pop("shared_experts")
