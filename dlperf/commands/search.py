@@ -213,7 +213,8 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
     r = out["prediction"]
     notes = notes + r.notes
     p = r.plan
-    lines = [f"{spec.name} on {p['devices']} x {hw.device.name}: dp={p['dp']} tp={p['tp']} pp={p['pp']}, "
+    extra = "".join(f" {k}={p[k]}" for k in ("cp", "ep") if p.get(k, 1) > 1)
+    lines = [f"{spec.name} on {p['devices']} x {hw.device.name}: dp={p['dp']} tp={p['tp']} pp={p['pp']}{extra}, "
              f"step time {format_quantity(r.step_time_s, 'time')}"]
     lines += [f"note: {n}" for n in notes]
     lines.append(f"bottleneck: {out['bottleneck']} ({100 * out['bottleneck_share']:.1f}% of the step)")

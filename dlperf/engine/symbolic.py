@@ -42,8 +42,8 @@ def step_time_expr(model: Model, hw: Hardware, dtype: str, choose_at: int = 1) -
 
 def _kernel_expr(kernel: Any, hw: Hardware, dtype: str, quantization: tuple[Any, Any] = (1.0, 1.0)) -> Any:
     matrix = kernel.cls in ("matmul", "conv")
-    peak = F if matrix else F32
-    eff_c = compute_efficiency(hw.device, kernel.cls, dtype)
+    peak = F if matrix and kernel.dtype in (None, "fp16", "bf16", "tf32", "fp8") else F32  # a pinned fp32 kernel
+    eff_c = compute_efficiency(hw.device, kernel.cls, kernel.dtype or dtype)
     eff_m = memory_efficiency(hw.device, kernel.cls)
     out = sympy.Integer(0)
     for (flops, nbytes, launches), q in zip(_phases(kernel), _phase_factors(kernel, quantization), strict=True):
@@ -180,8 +180,8 @@ def _branches(kernel: Any, flops: Any, nbytes: Any, launches: Any, hw: Hardware,
     from dlperf.engine.device import hockney_time
 
     matrix = kernel.cls in ("matmul", "conv")
-    peak = hw.device.peak(dtype) if matrix else hw.device.peak("fp32")
-    eff = compute_efficiency(hw.device, kernel.cls, dtype)
+    peak = hw.device.peak(kernel.dtype or dtype) if matrix else hw.device.peak("fp32")
+    eff = compute_efficiency(hw.device, kernel.cls, kernel.dtype or dtype)
     memory_eff = memory_efficiency(hw.device, kernel.cls)
     compute = float(hockney_time(flops, launches, peak, eff, top)) if flops else 0.0
     memory = float(hockney_time(nbytes, launches, hw.device.memory_bandwidth, memory_eff)) if nbytes else 0.0
@@ -190,5 +190,5 @@ def _branches(kernel: Any, flops: Any, nbytes: Any, launches: Any, hw: Hardware,
 
 def _rate_part(flops: Any, kernel: Any, hw: Hardware, dtype: str) -> float:
     matrix = kernel.cls in ("matmul", "conv")
-    peak = hw.device.peak(dtype) if matrix else hw.device.peak("fp32")
-    return float(flops) / (peak * compute_efficiency(hw.device, kernel.cls, dtype).peak)
+    peak = hw.device.peak(kernel.dtype or dtype) if matrix else hw.device.peak("fp32")
+    return float(flops) / (peak * compute_efficiency(hw.device, kernel.cls, kernel.dtype or dtype).peak)
