@@ -371,3 +371,17 @@ def test_group_limited_routing_dispatches_once_per_node():
     assert ep_exchange(Use(layer, 1, False), 1, 2, 1, par) == pytest.approx(expected, rel=1e-12)
     flat = replace(layer, attrs=tuple((k, None if k in ("groups", "top_groups") else v) for k, v in layer.attrs))
     assert ep_exchange(Use(flat, 1, False), 1, 2, 1, par) > 1.5 * expected
+
+
+def test_grouped_gemm_reads_every_resident_experts_weights():
+    """Same FLOPs whatever the experts per device; weight traffic of the expert GEMMs scales with them."""
+    from dlperf.ops.moe import moe_kernels
+
+    model = load_model("mixtral-8x7b")
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    every, one = (
+        {k.name: k.cost for k in moe_kernels(layer, 1, 2, resident)} for resident in (None, 1))
+    d, f = 4096, 14336
+    assert every["expert_gate_up"].work == one["expert_gate_up"].work
+    assert every["expert_gate_up"].fwd_bytes - one["expert_gate_up"].fwd_bytes == 2 * 7 * d * 2 * f
+    assert every["expert_down"].bwd_bytes - one["expert_down"].bwd_bytes == 2 * 2 * 7 * f * d

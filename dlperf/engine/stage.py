@@ -14,6 +14,7 @@ from dlperf.ops import OPS
 from dlperf.ops.base import Kernel
 from dlperf.ops.conv import algorithm_kernel, applicable
 from dlperf.ops.dense import quadratic_attention_bytes
+from dlperf.ops.moe import moe_kernels
 from dlperf.spec.hardware import Hardware
 
 FULL = ("full", "except_last")  # rerun every forward kernel (except_last: not for the last micro-batch)
@@ -77,7 +78,9 @@ def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
     return best, name
 
 
-def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any) -> list[Kernel]:
+def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any, ep: int = 1) -> list[Kernel]:
+    if use.layer.op == "moe" and ep > 1:  # a device keeps experts / ep: its grouped GEMMs read fewer weights
+        return list(moe_kernels(use.layer, batch, e, use.layer["experts"] // ep))
     kernels = list(OPS[use.layer.op].kernels(use.layer, batch, e))
     if use.layer.op == "conv2d":
         kernels[0] = conv_choice(use, batch, e, hw, dtype, divisor)[0]
@@ -93,7 +96,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
     for use in uses:
         divisor = tp if (use.sharded or sp) else 1
         core = [0.0, 0.0]  # this layer's attention-core seconds, which a ring exchange overlaps
-        for kernel in use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1)):
+        for kernel in use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), par.ep):
             split = divisor if (kernel.split or sp) else 1
             kernel = _cp_kernel(kernel, _cp_split(use, kernel, par))
             fwd, bwd = kernel_times(kernel, hw.device, kernel.dtype or dtype, split, use.tp_dim)

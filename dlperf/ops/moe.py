@@ -44,20 +44,34 @@ def _shared_width(layer: Layer) -> Any:
     return layer["shared_experts"] * (layer["shared_ffn"] or layer["ffn"])
 
 
-def _ffn_kernels(prefix: str, rows: Any, d: Any, f: Any, gated: bool, e: int, expert: bool) -> list[Kernel]:
-    """An FFN over `rows` tokens: [d, 2f] gate+up GEMM, SiLU(gate) * up, [f, d] down (or up, GELU, down)."""
+def grouped_gemm(name: str, m: Any, k: Any, n: Any, e: int, groups: Any) -> Kernel:
+    """`groups` GEMMs [m_g, k] x [k, n] with sum(m_g) = m in one launch (a grouped GEMM): the FLOPs of one
+    [m, k] x [k, n] GEMM, but every group's weight matrix is read (forward, and for the data gradient) and its
+    gradient written (weight gradient), so weight traffic grows with the experts a device holds."""
+    kernel = gemm(name, m, k, n, e)
+    more = e * (groups - 1) * k * n
+    return replace(kernel, cost=replace(kernel.cost, fwd_bytes=kernel.cost.fwd_bytes + more,
+                                        bwd_bytes=kernel.cost.bwd_bytes + 2 * more))
+
+
+def _ffn_kernels(prefix: str, rows: Any, d: Any, f: Any, gated: bool, e: int, expert: bool,
+                 groups: Any = 1) -> list[Kernel]:
+    """An FFN over `rows` tokens: [d, 2f] gate+up GEMM, SiLU(gate) * up, [f, d] down (or up, GELU, down); the
+    GEMMs grouped over `groups` experts' weights."""
     if gated:
-        kernels = [gemm(f"{prefix}_gate_up", rows, d, 2 * f, e),
+        kernels = [grouped_gemm(f"{prefix}_gate_up", rows, d, 2 * f, e, groups),
                    elementwise_kernel(f"{prefix}_swiglu", rows * f, e, 5, 8, reads=2, bwd_reads=3,
                                       cls="transcendental")]
     else:
-        kernels = [gemm(f"{prefix}_up", rows, d, f, e),
+        kernels = [grouped_gemm(f"{prefix}_up", rows, d, f, e, groups),
                    elementwise_kernel(f"{prefix}_gelu", rows * f, e, 8, 12, cls="transcendental")]
-    kernels.append(gemm(f"{prefix}_down", rows, f, d, e))
+    kernels.append(grouped_gemm(f"{prefix}_down", rows, f, d, e, groups))
     return [replace(k, expert=expert) for k in kernels]
 
 
-def _moe_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None) -> tuple[Kernel, ...]:
+    """The layer's kernels on a device that holds `resident` of its experts (None: all of them; expert
+    parallelism over ep ranks leaves experts / ep)."""
     t, d = _tokens(layer, batch), layer.in_shape[-1]
     n_exp, k, f = layer["experts"], layer["top_k"], layer["ffn"]
     routed = t * k  # token-expert pairs: the activated work
@@ -76,7 +90,9 @@ def _moe_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     combine = Kernel("combine", "memory", Cost(
         fwd_flops=2 * routed * d, bwd_data_flops=2 * routed * d, fwd_bytes=e * (routed * d + t * d),
         bwd_bytes=e * (2 * routed * d + t * d), depth=clog2(k), bwd_depth=1), split=False)
-    kernels = [router, gating, permute, *_ffn_kernels("expert", routed, d, f, layer["gated"], e, True), combine]
+    local = n_exp if resident is None else resident
+    kernels = [router, gating, permute, *_ffn_kernels("expert", routed, d, f, layer["gated"], e, True, local),
+               combine]
     width = _shared_width(layer)
     if width:
         kernels += _ffn_kernels("shared", t, d, width, layer["gated"], e, False)
@@ -140,7 +156,7 @@ MOE = OpRule(
            "top_groups": None},
     shape=lambda s, a: s,
     params=_moe_params,
-    kernels=_moe_kernels,
+    kernels=moe_kernels,
     saved=_moe_saved,
     tp="attention",  # experts split Megatron-style inside the layer: allreduce (or reduce-scatter) of its output
     check=_moe_check,
