@@ -44,11 +44,13 @@ def _shared_width(layer: Layer) -> Any:
     return layer["shared_experts"] * (layer["shared_ffn"] or layer["ffn"])
 
 
-def grouped_gemm(name: str, m: Any, k: Any, n: Any, e: int, groups: Any) -> Kernel:
+def grouped_gemm(name: str, m: Any, k: Any, n: Any, e: int, groups: Any, tp_dim: str) -> Kernel:
     """`groups` GEMMs [m_g, k] x [k, n] with sum(m_g) = m in one launch (a grouped GEMM): the FLOPs of one
     [m, k] x [k, n] GEMM, but every group's weight matrix is read (forward, and for the data gradient) and its
-    gradient written (weight gradient), so weight traffic grows with the experts a device holds."""
-    kernel = gemm(name, m, k, n, e)
+    gradient written (weight gradient), so weight traffic grows with the experts a device holds. Tile and wave
+    quantization see one [m, k] x [k, n] GEMM: per-group tiles are not modelled, since grouped-GEMM kernels pick
+    smaller row tiles for small groups than the dense-GEMM tile the engine assumes."""
+    kernel = gemm(name, m, k, n, e, tp_dim=tp_dim)
     more = e * (groups - 1) * k * n
     return replace(kernel, cost=replace(kernel.cost, fwd_bytes=kernel.cost.fwd_bytes + more,
                                         bwd_bytes=kernel.cost.bwd_bytes + 2 * more))
@@ -59,13 +61,13 @@ def _ffn_kernels(prefix: str, rows: Any, d: Any, f: Any, gated: bool, e: int, ex
     """An FFN over `rows` tokens: [d, 2f] gate+up GEMM, SiLU(gate) * up, [f, d] down (or up, GELU, down); the
     GEMMs grouped over `groups` experts' weights."""
     if gated:
-        kernels = [grouped_gemm(f"{prefix}_gate_up", rows, d, 2 * f, e, groups),
+        kernels = [grouped_gemm(f"{prefix}_gate_up", rows, d, 2 * f, e, groups, "n"),
                    elementwise_kernel(f"{prefix}_swiglu", rows * f, e, 5, 8, reads=2, bwd_reads=3,
                                       cls="transcendental")]
     else:
-        kernels = [grouped_gemm(f"{prefix}_up", rows, d, f, e, groups),
+        kernels = [grouped_gemm(f"{prefix}_up", rows, d, f, e, groups, "n"),
                    elementwise_kernel(f"{prefix}_gelu", rows * f, e, 8, 12, cls="transcendental")]
-    kernels.append(grouped_gemm(f"{prefix}_down", rows, f, d, e, groups))
+    kernels.append(grouped_gemm(f"{prefix}_down", rows, f, d, e, groups, "k"))
     return [replace(k, expert=expert) for k in kernels]
 
 
@@ -182,11 +184,11 @@ def _mla_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     t, ql, kvl, rope = batch * s, layer["q_lora_rank"], layer["kv_lora_rank"], layer["qk_rope_head_dim"]
     if ql:
         queries = [replace(gemm("q_down", t, d, ql, e), split=False), _latent_norm("q_norm", t * ql, e),
-                   gemm("q_up", t, ql, h * qd, e)]
+                   gemm("q_up", t, ql, h * qd, e, tp_dim="n")]
     else:
-        queries = [gemm("q_proj", t, d, h * qd, e)]
+        queries = [gemm("q_proj", t, d, h * qd, e, tp_dim="n")]
     keys = [replace(gemm("kv_down", t, d, kvl + rope, e), split=False), _latent_norm("kv_norm", t * kvl, e),
-            gemm("kv_up", t, kvl, h * (layer["qk_nope_head_dim"] + vd), e)]
+            gemm("kv_up", t, kvl, h * (layer["qk_nope_head_dim"] + vd), e, tp_dim="n")]
     scores = batch * h * s * s
     # the fused core (FlashAttention-style, as DeepSeek and Megatron-Core train MLA): QK^T over qd, softmax, AV
     # over vd; backward twice each GEMM. Traffic: Q, K, V, O forward; Q, K, V read and their gradients written.
@@ -195,7 +197,8 @@ def _mla_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
                 bwd_data_flops=4 * scores * qd + 4 * scores * vd + 4 * scores,
                 fwd_bytes=2 * q_bytes + 2 * v_bytes, bwd_bytes=3 * (2 * q_bytes + v_bytes),
                 depth=clog2(qd) + 2 * clog2(s) + clog2(s), bwd_depth=clog2(s) + clog2(qd))
-    return (*queries, *keys, Kernel("flash_attention", "matmul", core), gemm("out_proj", t, h * vd, layer["out"], e))
+    return (*queries, *keys, Kernel("flash_attention", "matmul", core),
+            gemm("out_proj", t, h * vd, layer["out"], e, tp_dim="k"))
 
 
 def _mla_params(shape: tuple, a: dict) -> Any:
