@@ -82,7 +82,7 @@ def enumerate_plans(base: Plan, node_size: int, heads: int | None, layers: int,
                 if batch % dp:
                     continue
                 for ep in _ep_degrees(dp, experts, space):
-                    yield from _knobs(base.with_(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep), batch // dp, space, layers)
+                    yield from _cheap_knobs(base.with_(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep), batch // dp, space, layers)
 
 
 def _ep_degrees(dp: int, experts: int, space: SearchSpace) -> list[int]:
@@ -93,7 +93,7 @@ def _ep_degrees(dp: int, experts: int, space: SearchSpace) -> list[int]:
     return [ep for ep in options if dp % ep == 0 and experts % ep == 0]
 
 
-def _knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) -> Iterator[Plan]:
+def _cheap_knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) -> Iterator[Plan]:
     """The cheap knobs of one (dp, tp, pp, cp, ep) layout: micro-batch, schedule, ZeRO, recomputation, SP."""
     micros = sorted({d for d in _powers_of_two_upto(space.max_micro_batch) if per_replica % d == 0} | {per_replica})
     for micro in micros:
