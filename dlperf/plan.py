@@ -12,6 +12,13 @@ RECOMPUTE = ("none", "selective", "full", "except_last")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 CONSISTENCY = ("sync", "ssp", "async")
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+CP_ALGORITHMS = ("ring", "ulysses")
+# Default load imbalance of dropless expert routing: the busiest expert-parallel rank gets this many times the
+# mean number of routed tokens. Source: Switch Transformer (Fedus et al. 2022, JMLR 23, Sec. 2.2 and Table 1),
+# whose capacity factor -- expert buffer / mean tokens per expert -- of 1.25 is the headroom over the mean load
+# that its auxiliary-loss-balanced router needs to drop few tokens; dropless routing (Megatron-Core's default)
+# instead runs the busiest rank at that load. A plan knob (--moe-imbalance); 1.0 is perfect balance.
+MOE_IMBALANCE = 1.25
 
 
 @dataclass(frozen=True)
@@ -38,10 +45,25 @@ class Plan:
     hybrid_fc: bool = False              # Krizhevsky 2014: data-parallel convolutions, model-parallel FC head
     tp_overlap: bool = False             # tp all-gather/reduce-scatter pipelined with the GEMMs (needs SP)
     fp8_param_gather: bool = False       # ZeRO parameter all-gathers in FP8 (needs dtype fp8)
+    ep: int = 1                          # expert parallelism: experts sharded over ep ranks of the dp group
+    cp: int = 1                          # context parallelism: each sequence split over cp ranks
+    cp_algorithm: str = "ring"           # ring attention (KV passed around) or ulysses (all-to-all over heads)
+    moe_imbalance: float | None = None   # busiest expert rank's tokens / mean (None: MOE_IMBALANCE)
+    ep_overlap: bool = False             # dispatch/combine hidden behind an adjacent micro-batch (combined 1F1B)
 
     @property
     def data_parallel(self) -> int:
-        return self.dp if self.dp is not None else self.devices // (self.tp * self.pp)
+        return self.dp if self.dp is not None else self.devices // (self.tp * self.pp * self.cp)
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """Replicas of each expert shard, over which expert gradients are reduced (Megatron-Core's expert-data-
+        parallel group): the data- and context-parallel ranks that hold the same experts."""
+        return self.data_parallel * self.cp // self.ep
+
+    @property
+    def imbalance(self) -> float:
+        return MOE_IMBALANCE if self.moe_imbalance is None else self.moe_imbalance
 
     @property
     def micro(self) -> int:
@@ -82,11 +104,44 @@ def _check_knobs(plan: Plan) -> None:
             raise PlanError(name, expected="an integer >= 0", found=value)
     if plan.grad_dtype is not None:
         _choice("grad_dtype", plan.grad_dtype, DTYPES)
+    _choice("cp_algorithm", plan.cp_algorithm, CP_ALGORITHMS)
+    value = plan.moe_imbalance
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1):
+        raise PlanError("moe_imbalance", expected="a number >= 1 (busiest rank's tokens / mean)", found=value)
+
+
+def _check_degrees(plan: Plan) -> None:
+    """dp*tp*pp(*cp) = devices, and expert parallelism carved out of the data-parallel group."""
+    inner, names = plan.tp * plan.pp * plan.cp, "tp*pp" + ("*cp" if plan.cp > 1 else "")
+    if plan.dp is None and plan.devices % inner:
+        raise PlanError(f"{names} = {inner} must divide the device count {plan.devices}")
+    dp = plan.data_parallel
+    if dp < 1 or dp * inner != plan.devices:
+        cp = f"*{plan.cp}" if plan.cp > 1 else ""
+        raise PlanError(f"dp*{names} must equal the device count: {dp}*{plan.tp}*{plan.pp}{cp} != {plan.devices}")
+    if dp % plan.ep:
+        raise PlanError(f"ep={plan.ep} must divide the data-parallel degree dp={dp} (expert parallelism is carved "
+                        "out of the data-parallel group, as in Megatron-Core)")
+
+
+def _check_ep_overlap(plan: Plan) -> None:
+    """Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm) pairs one micro-batch's forward with
+    another's backward: it needs ep > 1, two or more micro-batches, no full recomputation, and with pp > 1 the
+    interleaved schedule (Megatron-Core user guide, "Combined 1F1B: Expert-Parallel All-to-All Overlap")."""
+    if plan.ep == 1:
+        raise PlanError("--ep-overlap hides expert all-to-alls: it needs ep > 1")
+    if plan.recompute in ("full", "except_last"):
+        raise PlanError("--ep-overlap does not combine with full recomputation (Megatron-Core)")
+    if plan.pp > 1 and plan.schedule != "interleaved":
+        raise PlanError("--ep-overlap with pp > 1 needs the interleaved schedule (Megatron-Core)")
+    if plan.micro_batches < 2:
+        raise PlanError("--ep-overlap pairs micro-batches: it needs 2 or more per replica",
+                        expected="micro-batches >= 2", found=plan.micro_batches)
 
 
 def validate(plan: Plan, heads: int | None = None, layers: int | None = None) -> Plan:
     """Check degrees multiply to the device count, batches divide, tp <= heads, pp <= layers, ..."""
-    for name in ("devices", "tp", "pp", "global_batch", "virtual_stages"):
+    for name in ("devices", "tp", "pp", "global_batch", "virtual_stages", "ep", "cp"):
         _positive(name, getattr(plan, name))
     if plan.dp is not None:
         _positive("dp", plan.dp)
@@ -100,11 +155,8 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
         _choice("dtype", plan.dtype, DTYPES)
     if plan.zero not in (0, 1, 2, 3):
         raise PlanError("zero", expected="0, 1, 2 or 3", found=plan.zero)
-    if plan.dp is None and plan.devices % (plan.tp * plan.pp):
-        raise PlanError(f"tp*pp = {plan.tp * plan.pp} must divide the device count {plan.devices}")
+    _check_degrees(plan)
     dp = plan.data_parallel
-    if dp < 1 or dp * plan.tp * plan.pp != plan.devices:
-        raise PlanError(f"dp*tp*pp must equal the device count: {dp}*{plan.tp}*{plan.pp} != {plan.devices}")
     if plan.global_batch % dp:
         raise PlanError(f"global batch {plan.global_batch} is not divisible by dp={dp}")
     per_replica = plan.global_batch // dp
@@ -112,6 +164,9 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
         raise PlanError(f"per-replica batch {per_replica} is not divisible by micro-batch {plan.micro}")
     if heads is not None and isinstance(heads, int) and plan.tp > 1 and heads % plan.tp:
         raise PlanError(f"tp={plan.tp} must divide the attention heads ({heads})")
+    if heads is not None and isinstance(heads, int) and plan.cp_algorithm == "ulysses" and heads % (plan.tp * plan.cp):
+        raise PlanError(f"Ulysses context parallelism splits heads: tp*cp = {plan.tp * plan.cp} must divide the "
+                        f"attention heads ({heads})")
     if layers is not None and plan.pp > layers:
         raise PlanError(f"pp={plan.pp} exceeds the number of layers that can be staged ({layers})")
     if plan.schedule == "interleaved":
@@ -128,6 +183,8 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
         raise PlanError("virtual stages need --schedule interleaved")
     if plan.hybrid_fc and (plan.tp > 1 or plan.pp > 1):
         raise PlanError("--hybrid-fc spreads the fully connected head over all devices: it needs tp = pp = 1")
+    if plan.ep_overlap:
+        _check_ep_overlap(plan)
     if plan.sequence_parallel and plan.tp == 1:
         raise PlanError("sequence parallelism needs tp > 1")
     if plan.tp_overlap and not plan.sequence_parallel:

@@ -60,32 +60,58 @@ class SearchSpace:
     # Megatron-LM requires the layer count to divide evenly among stages; pricing uneven splits needs the
     # balanced-partition DP per structure, which dominates search time (profiled: ~0.2 s per call for GPT-3).
     uneven_stages: bool = False
+    # Expert parallelism (models with moe layers only): None tries every power of two that divides both dp and
+    # the experts; context parallelism is off unless asked for (long sequences: e.g. (1, 2, 4, 8)).
+    ep: tuple[int, ...] | None = None
+    cp: tuple[int, ...] = (1,)
+    ep_overlap: tuple[bool, ...] = (False, True)  # combined 1F1B, where its rules allow it (ep > 1)
 
 
 def enumerate_plans(base: Plan, node_size: int, heads: int | None, layers: int,
-                    space: SearchSpace = SearchSpace(), pp_ok: Callable[[int], bool] = lambda pp: True
-                    ) -> Iterator[Plan]:
-    """Every valid plan for base.devices and base.global_batch (other fields of base are kept)."""
+                    space: SearchSpace = SearchSpace(), pp_ok: Callable[[int], bool] = lambda pp: True,
+                    experts: int = 0) -> Iterator[Plan]:
+    """Every valid plan for base.devices and base.global_batch (other fields of base are kept). `experts` is the
+    expert count every MoE layer shares (their gcd; 0: no MoE layer, so no expert parallelism)."""
     n, batch = base.devices, base.global_batch
     for tp in (d for d in _divisors(n) if d <= node_size and d & (d - 1) == 0):
         if heads and tp > 1 and heads % tp:
             continue
         for pp in (d for d in _divisors(n // tp) if d <= layers and pp_ok(d)):
-            dp = n // (tp * pp)
-            if batch % dp:
-                continue
-            per_replica = batch // dp
-            micros = sorted({d for d in _powers_of_two_upto(space.max_micro_batch) if per_replica % d == 0}
-                            | {per_replica})
-            for micro in micros:
-                m = per_replica // micro
-                for schedule, v in _schedules(pp, m, space, layers):
-                    for zero in (space.zero if dp > 1 else (0,)):
-                        for recompute in space.recompute:
-                            for sp in (space.sequence_parallel if tp > 1 else (False,)):
-                                yield base.with_(dp=dp, tp=tp, pp=pp, micro_batch=micro, schedule=schedule,
-                                                 virtual_stages=v, zero=zero, recompute=recompute,
-                                                 sequence_parallel=sp)
+            for cp in (c for c in space.cp if (n // (tp * pp)) % c == 0):
+                dp = n // (tp * pp * cp)
+                if batch % dp:
+                    continue
+                for ep in _ep_degrees(dp, experts, space):
+                    yield from _cheap_knobs(base.with_(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep), batch // dp, space, layers)
+
+
+def _ep_degrees(dp: int, experts: int, space: SearchSpace) -> list[int]:
+    """Expert-parallel degrees to try: powers of two dividing dp and the expert count (ep is carved out of dp)."""
+    if not experts:
+        return [1]
+    options = space.ep if space.ep is not None else _powers_of_two_upto(dp)
+    return [ep for ep in options if dp % ep == 0 and experts % ep == 0]
+
+
+def _cheap_knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) -> Iterator[Plan]:
+    """The cheap knobs of one (dp, tp, pp, cp, ep) layout: micro-batch, schedule, ZeRO, recomputation, SP."""
+    micros = sorted({d for d in _powers_of_two_upto(space.max_micro_batch) if per_replica % d == 0} | {per_replica})
+    for micro in micros:
+        m = per_replica // micro
+        for schedule, v in _schedules(plan.pp, m, space, layers):
+            for zero in (space.zero if plan.dp > 1 or plan.cp > 1 else (0,)):
+                for recompute in space.recompute:
+                    for sp in (space.sequence_parallel if plan.tp > 1 else (False,)):
+                        for overlap in _ep_overlaps(plan, m, schedule, recompute, space):
+                            yield plan.with_(micro_batch=micro, schedule=schedule, virtual_stages=v, zero=zero,
+                                             recompute=recompute, sequence_parallel=sp, ep_overlap=overlap)
+
+
+def _ep_overlaps(plan: Plan, m: int, schedule: str, recompute: str, space: SearchSpace) -> tuple[bool, ...]:
+    """Expert all-to-all overlap where Megatron-Core allows it (dlperf.plan._check_ep_overlap)."""
+    allowed = plan.ep > 1 and m >= 2 and recompute not in ("full", "except_last") and (
+        plan.pp == 1 or schedule == "interleaved")
+    return space.ep_overlap if allowed else (False,)
 
 
 def _schedules(pp: int, m: int, space: SearchSpace, layers: int) -> Iterator[tuple[str, int]]:
@@ -123,7 +149,8 @@ class SearchResult:
         out = []
         for rank, ev in enumerate(self.ranked[:top], 1):
             p = ev.plan
-            row = {"rank": rank, "devices": p.devices, "dp": p.data_parallel, "tp": p.tp, "pp": p.pp,
+            row = {"rank": rank, "devices": p.devices, "dp": p.data_parallel, "tp": p.tp, "pp": p.pp, "cp": p.cp,
+                   "ep": p.ep, "ep_overlap": p.ep_overlap,
                    "micro_batch": p.micro, "micro_batches": p.micro_batches, "schedule": p.schedule,
                    "virtual_stages": p.virtual_stages, "zero": p.zero, "recompute": p.recompute,
                    "sequence_parallel": p.sequence_parallel, "step_time_s": ev.step_time_s,
@@ -172,7 +199,7 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
     base = base or Plan()
     for n in counts:
         plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
-                                 evaluator.layers, space, _pp_filter(model, space))
+                                 evaluator.layers, space, _pp_filter(model, space), _experts(model))
     fitting: list[Any] = []
     smallest, too_slow = None, 0
     iterator = progress(plans) if progress else _null(plans)
@@ -193,6 +220,12 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
     fitting.sort(key=lambda ev: (objective_value(ev, objective, hw), ev.memory_bytes_per_device))
     return SearchResult(fitting, len(plans), len(fitting), objective, hw, time.perf_counter() - start,
                         smallest=smallest, memory_limit=limit, too_slow=too_slow)
+
+
+def _experts(model: Any) -> int:
+    """The expert count all MoE layers share (gcd), 0 without MoE layers."""
+    counts = [layer["experts"] for layer, _ in model.counted() if layer.op == "moe"]
+    return math.gcd(*counts) if counts and all(isinstance(c, int) for c in counts) else 0
 
 
 def _pp_filter(model: Any, space: SearchSpace) -> Callable[[int], bool]:

@@ -22,6 +22,20 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--dp", type=POSITIVE, default=None, help="Data-parallel degree (default: devices/(tp*pp))."),
         click.option("--tp", type=POSITIVE, default=None, help="Tensor (model) parallel degree."),
         click.option("--pp", type=POSITIVE, default=None, help="Pipeline-parallel degree (stages)."),
+        click.option("--cp", type=POSITIVE, default=1, show_default=True,
+                     help="Context-parallel degree: each sequence split over this many ranks."),
+        click.option("--cp-algorithm", type=click.Choice(["ring", "ulysses"]), default="ring", show_default=True,
+                     help="Context parallelism by ring attention (KV blocks passed around, overlapped) or by "
+                          "Ulysses all-to-alls over heads."),
+        click.option("--ep", type=POSITIVE, default=1, show_default=True,
+                     help="Expert-parallel degree: MoE experts sharded over this many ranks of the data-parallel "
+                          "group."),
+        click.option("--ep-overlap", is_flag=True,
+                     help="Hide expert all-to-alls behind an adjacent micro-batch's compute (Megatron-Core's "
+                          "combined 1F1B, --overlap-moe-expert-parallel-comm; DeepSeek-V3's DualPipe pairing)."),
+        click.option("--moe-imbalance", type=click.FloatRange(min=1), default=None,
+                     help="Tokens of the busiest expert-parallel rank over the mean (default 1.25, Switch "
+                          "Transformer's capacity factor)."),
         click.option("--global-batch", type=POSITIVE, default=None, help="Samples per step over all replicas."),
         click.option("--micro-batch", type=POSITIVE, default=None, help="Samples per micro-batch per replica."),
         click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
@@ -67,7 +81,8 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
 
     tp, pp, dp = opts.get("tp"), opts.get("pp"), opts.get("dp")
     devices = opts.get("devices")
-    devices = (dp or 1) * (tp or 1) * (pp or 1) if devices is None else devices
+    cp = opts.get("cp") or 1
+    devices = (dp or 1) * (tp or 1) * (pp or 1) * cp if devices is None else devices
     notes = []
     batch = opts.get("global_batch")
     if batch is None:
@@ -82,9 +97,10 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         parameter_server=opts.get("parameter_server", 0), optimizer=opts.get("optimizer", "adam"),
         hybrid_fc=opts.get("hybrid_fc", False), tp_overlap=opts.get("tp_overlap", False),
         fp8_param_gather=opts.get("fp8_param_gather", False),
-        dtype=opts.get("dtype"),
+        dtype=opts.get("dtype"), ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
+        moe_imbalance=opts.get("moe_imbalance"), ep_overlap=opts.get("ep_overlap", False),
     )
-    if tp is None and pp is None and dp is None and devices > 1:
+    if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
         from dlperf.engine.defaults import default_plan
 
         return default_plan(model, hw, base, notes)
@@ -190,7 +206,9 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
     from dlperf.units import format_quantity as q
 
     p = r.plan
-    lines = [f"{spec.name} on {hw.name}: {p['devices']} x {hw.device.name}, dp={p['dp']} tp={p['tp']} pp={p['pp']}, "
+    extra = "".join(f" {k}={p[k]}" for k in ("cp", "ep") if p.get(k, 1) > 1)
+    lines = [f"{spec.name} on {hw.name}: {p['devices']} x {hw.device.name}, "
+             f"dp={p['dp']} tp={p['tp']} pp={p['pp']}{extra}, "
              f"global batch {p['global_batch']} (micro-batch {p['micro_batch']} x {p['micro_batches']}), "
              f"{p['dtype']}, {p['optimizer']}, recompute {p['recompute']}, zero {p['zero']}"]
     lines += [f"note: {n}" for n in r.notes]

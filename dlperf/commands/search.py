@@ -10,8 +10,21 @@ from dlperf.commands.common import EXIT_NO, exit_unless_fits, format_option, set
 from dlperf.commands.predict import DTYPE_CHOICES, _load, build_plan, plan_options
 from dlperf.report import render, to_json
 
-BREAKDOWN_COLUMNS = ["compute/forward", "compute/backward", "compute/recompute", "comm/tp", "overhead/host",
-                     "comm/pp_p2p", "pipeline/bubble", "comm/dp_allreduce", "optimizer"]
+BREAKDOWN_COLUMNS = ["compute/forward", "compute/backward", "compute/recompute", "comm/tp", "comm/ep", "comm/cp",
+                     "overhead/host", "comm/pp_p2p", "pipeline/bubble", "comm/dp_allreduce", "optimizer"]
+
+
+def _degrees(option: str, text: str) -> tuple[int, ...]:
+    """'1,2,4' -> (1, 2, 4): positive integers."""
+    from dlperf.errors import PlanError
+
+    try:
+        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise PlanError(option, expected="a list of positive integers like 1,2,4", found=text) from None
+    if not values or min(values) < 1:
+        raise PlanError(option, expected="a list of positive integers like 1,2,4", found=text)
+    return values
 
 
 def _memory_option(text: str | None) -> float | None:
@@ -42,21 +55,31 @@ def _memory_option(text: str | None) -> float | None:
               help="Largest power-of-two micro-batch tried (the whole per-replica batch is always tried).")
 @click.option("--uneven-stages", is_flag=True,
               help="Also try pipeline depths that do not divide the layer count (slower: balanced partition).")
+@click.option("--ep", "ep_degrees", default=None,
+              help="Expert-parallel degrees to try, e.g. 1,8,64 (default: every power of two that divides dp and "
+                   "the expert count; MoE models only).")
+@click.option("--cp", "cp_degrees", default="1", show_default=True,
+              help="Context-parallel degrees to try, e.g. 1,2,4,8 (long sequences).")
+@click.option("--cp-algorithm", type=click.Choice(["ring", "ulysses"]), default="ring", show_default=True,
+              help="Context parallelism by ring attention or Ulysses all-to-alls.")
 @click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's).")
 @format_option
 def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, global_batch: int, top: int,
            max_step_time: float | None, max_memory: str | None, objective: str, max_micro_batch: int,
-           uneven_stages: bool, dtype: str | None, fmt: str) -> None:
+           uneven_stages: bool, ep_degrees: str | None, cp_degrees: str, cp_algorithm: str, dtype: str | None,
+           fmt: str) -> None:
     """Enumerate parallel plans for MODEL on HARDWARE, keep those that fit, print the best."""
     from dlperf.plan import Plan
     from dlperf.search import SearchSpace, parse_gpu_list, terminal_progress
     from dlperf.search import search as run
 
     spec, hw = _load(model, hardware, sets)
-    space = SearchSpace(max_micro_batch=max_micro_batch, uneven_stages=uneven_stages)
+    space = SearchSpace(max_micro_batch=max_micro_batch, uneven_stages=uneven_stages,
+                        ep=_degrees("--ep", ep_degrees) if ep_degrees else None, cp=_degrees("--cp", cp_degrees))
     counts = parse_gpu_list(devices)
     result = run(spec, hw, counts if len(counts) > 1 else counts[0], global_batch, objective=objective,
-                 max_memory=_memory_option(max_memory), base=Plan(dtype=dtype), space=space,
+                 max_memory=_memory_option(max_memory), base=Plan(dtype=dtype, cp_algorithm=cp_algorithm),
+                 space=space,
                  progress=terminal_progress("searching plans"), max_step_time=max_step_time)
     rows = result.rows(top)
     if not rows:
@@ -75,6 +98,8 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
              f"{result.considered:,} plans considered, {result.feasible:,} fit; best {len(rows)} by {objective}")
     plan_cols = ["rank", "dp", "tp", "pp", "micro_batch", "schedule", "virtual_stages", "zero", "recompute",
                  "sequence_parallel", "step_time_s", "samples_per_s", "memory_gib"]
+    if any(r["ep"] > 1 or r["cp"] > 1 for r in rows):
+        plan_cols = plan_cols[:4] + ["cp", "ep", "ep_overlap"] + plan_cols[4:]
     if objective == "cost" or len(counts) > 1:
         plan_cols = ["rank", "devices"] + plan_cols[1:] + (["cost_per_step"] if objective == "cost" else [])
     if objective == "cost":
@@ -188,7 +213,8 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
     r = out["prediction"]
     notes = notes + r.notes
     p = r.plan
-    lines = [f"{spec.name} on {p['devices']} x {hw.device.name}: dp={p['dp']} tp={p['tp']} pp={p['pp']}, "
+    extra = "".join(f" {k}={p[k]}" for k in ("cp", "ep") if p.get(k, 1) > 1)
+    lines = [f"{spec.name} on {p['devices']} x {hw.device.name}: dp={p['dp']} tp={p['tp']} pp={p['pp']}{extra}, "
              f"step time {format_quantity(r.step_time_s, 'time')}"]
     lines += [f"note: {n}" for n in notes]
     lines.append(f"bottleneck: {out['bottleneck']} ({100 * out['bottleneck_share']:.1f}% of the step)")

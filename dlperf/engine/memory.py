@@ -53,13 +53,12 @@ def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], 
                micro_batches_in_flight: float) -> dict[str, Any]:
     """The largest stage's memory (the first stage holds the most in-flight activations under 1F1B)."""
     first = stages[0]
-    params = max(s.params for s in stages)
-    states = model_state_bytes(params, plan, dtype)
+    states = _states(max(stages, key=lambda s: s.params), plan, dtype)
     if plan.recompute in ("full", "except_last"):
         # keep each block's input; during backward one block's full activations are rebuilt at a time
         # Korthikanti et al. 2022, Table 2: the stored layer inputs are 2sbh, divided by t only with sequence
         # parallelism (tensor parallelism alone replicates them)
-        shard = plan.tp if plan.sequence_parallel else 1
+        shard = (plan.tp if plan.sequence_parallel else 1) * plan.cp
         acts = _block_inputs(model, plan, dtype) * plan.micro / shard * micro_batches_in_flight
         acts += first.saved_bytes / max(_blocks_in_stage(model, plan), 1)
     else:
@@ -74,6 +73,20 @@ def runtime_reserve(hw: Hardware, allocated: Any) -> Any:
     """What the runtime holds beside the model's tensors: a fixed part (CUDA context, communication buffers) and
     the allocator's fragmentation as a fraction of what is allocated (dlperf.spec.hardware.DEFAULT_MEMORY_*)."""
     return hw.device.memory_reserved + hw.device.memory_fragmentation * allocated
+
+
+def _states(stage: StageCost, plan: Plan, dtype: str) -> dict[str, Any]:
+    """Model states of the heaviest stage. With context parallelism the dense states shard over dp*cp (cp ranks
+    hold the same weights; Megatron-Core's distributed optimizer spans both), with expert parallelism the
+    experts' states over the expert-data-parallel group (dp*cp/ep), each by the plan's ZeRO stage."""
+    from dlperf import mathx
+
+    if plan.cp == 1 and mathx.is_zero(stage.expert_params):
+        return model_state_bytes(stage.params, plan, dtype)
+    dense = model_state_bytes(stage.params - stage.expert_params,
+                              plan.with_(dp=plan.data_parallel * plan.cp, cp=1, ep=1), dtype)
+    experts = model_state_bytes(stage.expert_params, plan.with_(dp=plan.expert_data_parallel, cp=1, ep=1), dtype)
+    return {k: dense[k] + experts[k] for k in dense}
 
 
 def _blocks(model: Model) -> list[Any]:

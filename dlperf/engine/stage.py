@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlperf import mathx
+from dlperf.cost import Cost
+from dlperf.engine.context import ATTENTION_OPS, Parallel, core_divisor, cp_exchange, ep_exchange, expert_load
 from dlperf.engine.device import dispatch_times, kernel_times
 from dlperf.engine.layers import Use
 from dlperf.engine.overlap import exposed
@@ -15,6 +17,7 @@ from dlperf.ops.conv import algorithm_kernel, applicable
 from dlperf.ops.dense import quadratic_attention_bytes
 from dlperf.ops.fp8 import fp8_kernels, kernel_dtype, storage_dtype
 from dlperf.ops.fp8 import saved_bytes as fp8_saved_bytes
+from dlperf.ops.moe import moe_kernels
 from dlperf.spec.hardware import Device, Hardware
 
 FULL = ("full", "except_last")  # rerun every forward kernel (except_last: not for the last micro-batch)
@@ -37,6 +40,11 @@ class StageCost:
     host_fwd: Any = 0.0             # host seconds to issue the forward kernels of one micro-batch
     host_bwd: Any = 0.0             # ... the backward kernels
     host_recompute: Any = 0.0       # ... the recomputed forward kernels
+    ep_comm_fwd: Any = 0.0          # expert dispatch + combine all-to-alls
+    ep_comm_bwd: Any = 0.0
+    cp_comm_fwd: Any = 0.0          # context-parallel exchange left exposed (ring sends, Ulysses all-to-alls)
+    cp_comm_bwd: Any = 0.0
+    expert_params: Any = 0          # the routed experts' share of `params` when ep > 1 (reduced over edp)
 
     @property
     def dp_params(self) -> Any:
@@ -45,7 +53,8 @@ class StageCost:
     def __add__(self, other: StageCost) -> StageCost:
         """Two parts of one device's work run one after the other (e.g. the convolutional body and the head)."""
         names = ("forward", "backward", "recompute", "tp_comm_fwd", "tp_comm_bwd", "params",
-                 "saved_bytes", "host_fwd", "host_bwd", "host_recompute")
+                 "saved_bytes", "host_fwd", "host_bwd", "host_recompute", "ep_comm_fwd", "ep_comm_bwd",
+                 "cp_comm_fwd", "cp_comm_bwd", "expert_params")
         out = StageCost(**{n: getattr(self, n) + getattr(other, n) for n in names})
         for part in (self, other):
             for key, value in part.per_type.items():
@@ -54,7 +63,8 @@ class StageCost:
 
     @property
     def total(self) -> Any:
-        return self.forward + self.backward + self.recompute + self.tp_comm_fwd + self.tp_comm_bwd
+        return (self.forward + self.backward + self.recompute + self.tp_comm_fwd + self.tp_comm_bwd
+                + self.ep_comm_fwd + self.ep_comm_bwd + self.cp_comm_fwd + self.cp_comm_bwd)
 
 
 def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any) -> tuple[Kernel, str]:
@@ -72,8 +82,12 @@ def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
 
 
 def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any,
-                fp8: bool = False) -> list[Kernel]:
-    """The layer's kernels; with `fp8` (an FP8 recipe's layer) its weight GEMMs in FP8 with their casts."""
+                fp8: bool = False, ep: int = 1) -> list[Kernel]:
+    """The layer's kernels; with `fp8` (an FP8 recipe's layer) its weight GEMMs in FP8 with their casts; a MoE
+    layer under expert parallelism keeps experts / ep on a device (its grouped GEMMs read fewer weights)."""
+    if use.layer.op == "moe" and ep > 1:
+        kernels = list(moe_kernels(use.layer, batch, e, use.layer["experts"] // ep))
+        return fp8_kernels(kernels, e) if fp8 else kernels
     kernels = list(OPS[use.layer.op].kernels(use.layer, batch, e))
     if use.layer.op == "conv2d":
         kernels[0] = conv_choice(use, batch, e, hw, storage_dtype(dtype), divisor)[0]
@@ -81,19 +95,31 @@ def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
 
 
 def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp: int, sp: bool,
-               recompute: str, comm_time: Any, fp8: frozenset = frozenset(), tp_overlap: bool = False) -> StageCost:
+               recompute: str, comm_time: Any, fp8: frozenset = frozenset(), tp_overlap: bool = False,
+               par: Parallel | None = None) -> StageCost:
     """Sum the layers' kernels at micro-batch `batch`; `comm_time(op, nbytes)` prices tp collectives. Under
     dtype fp8, the layers in `fp8` run their weight GEMMs in FP8 (dlperf.ops.fp8); with `tp_overlap` each
-    layer's tp collectives hide behind its GEMMs (dlperf.engine.overlap)."""
+    layer's tp collectives hide behind its GEMMs (dlperf.engine.overlap); `par` adds expert and context
+    parallelism (None: neither)."""
     out = StageCost()
+    par = par or Parallel()
     for use in uses:
         divisor = tp if (use.sharded or sp) else 1
         in_fp8 = dtype == "fp8" and use.layer in fp8
         gemm = {"fwd": 0.0, "bwd": 0.0}  # this layer's weight-GEMM seconds per pass: what overlap hides behind
-        for kernel in use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), in_fp8):
+        core = [0.0, 0.0]  # this layer's attention-core seconds, which a ring exchange overlaps
+        for kernel in use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), in_fp8,
+                                  par.ep):
             split = divisor if (kernel.split or sp) else 1
-            fwd, bwd = kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split, use.tp_dim)
+            kernel = _cp_kernel(kernel, _cp_split(use, kernel, par))
+            fwd, bwd = kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split,
+                                    use.tp_dim)
             host_fwd, host_bwd = dispatch_times(kernel, hw.device)
+            load = expert_load(use.layer, par) if kernel.expert else 1
+            if load != 1:
+                fwd, bwd = fwd * load, bwd * load
+            if kernel.name in ATTENTION_CORE:
+                core = [core[0] + fwd, core[1] + bwd]
             out.forward = out.forward + use.count * fwd
             out.backward = out.backward + use.count * bwd
             out.host_fwd = out.host_fwd + use.count * host_fwd
@@ -105,15 +131,18 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
                 gemm["fwd"], gemm["bwd"] = gemm["fwd"] + fwd, gemm["bwd"] + bwd
             key = f"{use.layer.op}"
             out.per_type[key] = out.per_type.get(key, 0.0) + use.count * (fwd + bwd)
+        if par.active:
+            _add_ep_cp(out, use, batch, e, tp, recompute, par, core)
         if tp > 1:
-            _add_tp_comm(out, use, batch, e, tp, recompute, comm_time, gemm if tp_overlap else None, hw.device)
+            _add_tp_comm(out, use, batch / par.cp, e, tp, recompute, comm_time, gemm if tp_overlap else None,
+                         hw.device)
         out.params = out.params + use.count * use.layer.params / (tp if use.sharded else 1)
         saved = OPS[use.layer.op].saved(use.layer, e)
         saved = fp8_saved_bytes(use.layer, saved, e) if in_fp8 else saved
         saved = saved * batch / (tp if (use.sharded or sp) else 1)
         if recompute == "selective":
             saved = saved - quadratic_attention_bytes(use.layer, e) * batch / tp
-        out.saved_bytes = out.saved_bytes + use.count * saved
+        out.saved_bytes = out.saved_bytes + use.count * (saved / par.cp if par.cp > 1 else saved)
     return out
 
 
@@ -139,6 +168,46 @@ def _add_tp_comm(out: StageCost, use: Use, batch: Any, e: int, tp: int, recomput
         else:
             out.tp_comm_bwd, out.backward, out.host_bwd = out.tp_comm_bwd + comm, out.backward + slowdown, \
                 out.host_bwd + host
+def _cp_kernel(kernel: Kernel, divisor: Any) -> Kernel:
+    """The kernel on one context-parallel rank: its FLOPs and bytes divided, and a GEMM's token rows m (for tile
+    and wave quantization) with them; the launches stay."""
+    if divisor == 1:
+        return kernel
+    c = kernel.cost
+    cost = Cost(c.fwd_flops / divisor, c.bwd_data_flops / divisor, c.bwd_weight_flops / divisor,
+                c.fwd_bytes / divisor, c.bwd_bytes / divisor, c.depth, c.bwd_depth)
+    shape = kernel.gemm and (kernel.gemm[0], kernel.gemm[1] / divisor, *kernel.gemm[2:])
+    return replace(kernel, cost=cost, gemm=shape)
+
+
+def _cp_split(use: Use, kernel: Kernel, par: Parallel) -> Any:
+    """Context parallelism divides token-wise work by cp, and the attention core by its busiest rank's share."""
+    if par.cp == 1:
+        return 1
+    if kernel.name in ATTENTION_CORE and use.layer.op in ATTENTION_OPS:
+        return core_divisor(par.cp, use.layer, par.cp_algorithm)
+    return par.cp
+
+
+def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute: str, par: Parallel,
+               core: list[Any]) -> None:
+    """Expert all-to-alls of a MoE layer and the context-parallel exchange of an attention layer; with ep > 1
+    the routed experts' parameters are sharded ep ways on top of tp."""
+    layer, count = use.layer, use.count
+    fwd = bwd = 0.0
+    if par.ep > 1 and layer.op == "moe":
+        fwd = bwd = ep_exchange(use, batch, e, tp, par)
+        out.ep_comm_fwd = out.ep_comm_fwd + count * fwd
+        out.ep_comm_bwd = out.ep_comm_bwd + count * bwd
+        experts = OPS[layer.op].expert_params(layer) / (tp if use.sharded else 1)
+        out.params = out.params - count * experts * (1 - 1 / par.ep)
+        out.expert_params = out.expert_params + count * experts / par.ep
+    if par.cp > 1 and layer.op in ATTENTION_OPS:
+        fwd, bwd = cp_exchange(use, batch, e, tp, par, core[0], core[1])
+        out.cp_comm_fwd = out.cp_comm_fwd + count * fwd
+        out.cp_comm_bwd = out.cp_comm_bwd + count * bwd
+    if recompute in FULL:
+        out.recompute = out.recompute + count * fwd
 
 
 def _recomputed(recompute: str, use: Use, kernel: Kernel) -> bool:

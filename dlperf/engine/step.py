@@ -7,11 +7,12 @@ forward + backward (+ recomputation) + optimizer.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from dlperf import mathx
 from dlperf.engine import memory as mem
+from dlperf.engine.context import Parallel
 from dlperf.engine.layers import element_bytes, tp_uses
 from dlperf.engine.pipeline import balanced_partition, in_flight, schedule_time, uniform_partition, units
 from dlperf.engine.stage import StageCost, stage_cost
@@ -102,7 +103,7 @@ class StepModel:
         """(every stage's cost, the slowest stage, the most parameters on one device, the largest activation
         crossing a stage boundary per sample)."""
         key = (plan.tp, plan.pp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.hybrid_fc,
-               plan.data_parallel, plan.tp_overlap)
+               plan.data_parallel, plan.tp_overlap, *_ep_cp_key(plan))
         if key not in self._stages and plan.hybrid_fc:
             part = self._hybrid_fc(plan, dtype, e)
             self._stages[key] = ([part], part, part.params, 0)
@@ -114,14 +115,15 @@ class StepModel:
         return self._stages[key]
 
     def _cost_of(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
-        key = (tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap)
+        key = (tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap,
+               *_ep_cp_key(plan))
         if key not in self._cost:
             uses_key = (tuple(nodes), plan.sequence_parallel)
             if uses_key not in self._uses:
                 self._uses[uses_key] = tp_uses(nodes, plan.sequence_parallel)
             self._cost[key] = stage_cost(self._uses[uses_key], plan.micro, e, self.hw, dtype, plan.tp,
                                          plan.sequence_parallel, plan.recompute, _tp_comm_fn(self.comm, self.hw, plan),
-                                         self.fp8, plan.tp_overlap)
+                                         self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan))
         return self._cost[key]
 
     def _hybrid_fc(self, plan: Plan, dtype: str, e: int) -> StageCost:
@@ -159,6 +161,7 @@ class StepModel:
 
     def timeline(self, plan: Plan) -> Timeline:
         validate(plan, heads=self.heads, layers=self.layers)
+        _check_ep_cp(self.model, plan)
         step, breakdown, memory, slow, dtype, staleness = self._evaluate(plan, plan.micro_batches,
                                                                           plan.virtual_stages)
         return Timeline(plan, step, breakdown, memory, slow, dtype, staleness)
@@ -170,6 +173,7 @@ class StepModel:
         import numpy as np
 
         validate(plan, heads=self.heads, layers=self.layers)
+        _check_ep_cp(self.model, plan)
         gb = np.asarray(global_batch, dtype=float)
         v = np.asarray(plan.virtual_stages if virtual_stages is None else virtual_stages, dtype=float)
         m = gb / (plan.data_parallel * plan.micro)
@@ -191,17 +195,20 @@ class StepModel:
             raise PlanError("--fp8-param-gather needs FP8 training (--dtype fp8)", found=dtype)
         e = element_bytes(dtype)
         stages, slow, params, boundary = self.stages(plan, dtype, e)
+        ep_fwd, ep_bwd = _ep_exposed(plan, slow, m)
         share = recompute_share(plan, m)
         recompute = slow.recompute * share
-        device_fwd = slow.forward + slow.tp_comm_fwd
-        device_bwd = slow.backward + slow.tp_comm_bwd + recompute
+        device_fwd = slow.forward + slow.tp_comm_fwd + ep_fwd + slow.cp_comm_fwd
+        device_bwd = slow.backward + slow.tp_comm_bwd + ep_bwd + slow.cp_comm_bwd + recompute
         # The host issues kernels asynchronously ahead of the GPU; a pass is host-bound when issuing its kernels
         # takes longer than running them (DEFAULT_DISPATCH in spec/hardware.py).
         t_fwd = mathx.maximum(device_fwd, slow.host_fwd)
         t_bwd = mathx.maximum(device_bwd, slow.host_bwd + slow.host_recompute * share)
         busy, bubble, p2p = schedule_time(t_fwd, t_bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v)
         dp_total, dp_exposed = _dp_with_micro_batches(self._dp_time(plan, slow, dtype), m)
-        optimizer = _optimizer_time(self.hw, plan, params, params * self.fp8_share if dtype == "fp8" else 0)
+        fp8_params = params * self.fp8_share if dtype == "fp8" else 0
+        optimizer = _optimizer_time_split(self.hw, plan, params, max(stages, key=lambda s: s.params).expert_params,
+                                          fp8_params)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
         breakdown = {
@@ -209,26 +216,30 @@ class StepModel:
             "compute/backward": m * slow.backward,
             "compute/recompute": m * recompute,
             "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd),
+            "comm/ep": m * (ep_fwd + ep_bwd),
+            "comm/cp": m * (slow.cp_comm_fwd + slow.cp_comm_bwd),
             "overhead/host": m * ((t_fwd - device_fwd) + (t_bwd - device_bwd)),
             "comm/pp_p2p": p2p,
             "pipeline/bubble": bubble,
             "comm/dp_allreduce": step - compute if plan.consistency != "sync" else dp_exposed,
             "optimizer": optimizer,
         }
-        memory = mem.per_device(self.model, self.hw, plan, stages, dtype, in_flight(plan.schedule, m, plan.pp, v))
+        flight = in_flight(plan.schedule, m, plan.pp, v) + (1 if plan.ep_overlap else 0)  # the paired micro-batch
+        memory = mem.per_device(self.model, self.hw, plan, stages, dtype, flight)
         return step + optimizer, breakdown, memory, slow, dtype, staleness
 
     def _p2p_time(self, plan: Plan, e: int, boundary: Any) -> Any:
-        key = (plan.tp, plan.pp, plan.data_parallel, plan.micro, e, boundary)
+        key = (plan.tp, plan.pp, plan.data_parallel, plan.micro, e, boundary, plan.cp)
         if key not in self._p2p:
             self._p2p[key] = _p2p_time(boundary, self.hw, plan, e, self.comm)
         return self._p2p[key]
 
     def _dp_time(self, plan: Plan, slow: StageCost, dtype: str) -> tuple[Any, Any, Any, Any]:
         key = (id(slow), plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
-               plan.parameter_server, plan.compression, plan.grad_dtype, dtype, plan.fp8_param_gather)
+               plan.parameter_server, plan.compression, plan.grad_dtype, dtype, plan.fp8_param_gather, plan.cp,
+               plan.ep)
         if key not in self._dp:
-            self._dp[key] = _dp_comm(self.hw, plan, slow, dtype, self.comm, mem.gather_units(self.model, plan))
+            self._dp[key] = _grad_sync(self.hw, plan, slow, dtype, self.comm, mem.gather_units(self.model, plan))
         return self._dp[key]
 
     def predict(self, plan: Plan) -> Prediction:
@@ -290,7 +301,7 @@ def _heads(model: Model) -> int | None:
     """The largest tp that divides every attention layer's head count (their gcd)."""
     import math
 
-    heads = [layer["heads"] for layer, _ in model.counted() if layer.op == "attention"]
+    heads = [layer["heads"] for layer, _ in model.counted() if layer.op in ("attention", "mla")]
     return math.gcd(*heads) if heads and all(isinstance(h, int) for h in heads) else None
 
 
@@ -331,8 +342,8 @@ def _p2p_time(boundary: Any, hw: Hardware, plan: Plan, e: int, comm: Any) -> flo
     optimisation sends 1/tp of it across the boundary and allgathers it inside the node (Narayanan 2021, 4.1)."""
     if plan.pp == 1:
         return 0.0
-    nbytes = e * plan.micro * boundary
-    stride = plan.tp * plan.data_parallel
+    nbytes = e * plan.micro * boundary / plan.cp if plan.cp > 1 else e * plan.micro * boundary
+    stride = plan.tp * plan.data_parallel * plan.cp
     t = comm.p2p_time(nbytes / plan.tp, hw, _level_for_stride(hw, stride))
     if plan.tp > 1:
         t += comm.collective_time("allgather", nbytes, comm.Group(plan.tp, 1), hw)
@@ -433,6 +444,112 @@ def _pipelined(comm_unit: Any, compute_unit: Any, units: int, tail: Any, stolen:
     first = comm_unit - tail if tail else comm_unit  # the backward's first unit gathers, it has not reduced yet
     later = (units - 1) * (max(comm_unit - compute_unit, 0.0) + stolen * min(comm_unit, compute_unit))
     return first + later + tail
+
+
+def _grad_sync(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
+               units: Any) -> tuple[Any, Any, Any, Any]:
+    """Gradient synchronisation with context and expert parallelism (Megatron-Core's groups): context-parallel
+    ranks hold the same weights, so dense gradients are reduced (and ZeRO-sharded) over dp*cp ranks, tp apart;
+    the routed experts' gradients over the expert-data-parallel group, dp*cp/ep ranks tp*cp*ep apart, in the
+    backward time the dense reduction leaves. Without either it is `_dp_comm` unchanged."""
+    if plan.cp == 1 and mathx.is_zero(slow.expert_params):
+        return _dp_comm(hw, plan, slow, dtype, comm, units)
+    dense = replace(slow, synced_params=slow.dp_params - slow.expert_params)
+    parts = _dp_comm(hw, _dense_group(plan), dense, dtype, comm, units)
+    if mathx.is_zero(slow.expert_params):
+        return parts
+    window = mathx.maximum(slow.backward - parts[0] - parts[2], 0.0)
+    experts = replace(slow, synced_params=slow.expert_params, backward=window)
+    more = _dp_comm(hw, _expert_group(plan), experts, dtype, comm, units)
+    return tuple(a + b for a, b in zip(parts, more, strict=True))
+
+
+def _dense_group(plan: Plan) -> Plan:
+    """The plan as its dense gradients see it: dp*cp replicas, tp apart."""
+    return plan.with_(dp=plan.data_parallel * plan.cp, cp=1, ep=1)
+
+
+def _expert_group(plan: Plan) -> Plan:
+    """The plan as the experts' gradients see it: dp*cp/ep replicas, tp*cp*ep apart (the stride is the tp field
+    of a plan that only prices the reduction)."""
+    return plan.with_(dp=plan.expert_data_parallel, tp=plan.tp * plan.cp * plan.ep, cp=1, ep=1)
+
+
+def _optimizer_time_split(hw: Hardware, plan: Plan, params: Any, expert_params: Any, fp8_params: Any = 0) -> Any:
+    """The update of dense parameters sharded over dp*cp and of expert parameters over edp (ZeRO >= 1); the
+    FP8 weight casts (`fp8_params`) ride with the dense update."""
+    if plan.cp == 1 and mathx.is_zero(expert_params):
+        return _optimizer_time(hw, plan, params, fp8_params)
+    dense = _optimizer_time(hw, _dense_group(plan), params - expert_params, fp8_params)
+    if mathx.is_zero(expert_params):
+        return dense
+    return dense + _optimizer_time(hw, _expert_group(plan), expert_params)
+
+
+def _parallel(comm: Any, hw: Hardware, plan: Plan) -> Parallel | None:
+    """Expert and context parallelism with their groups placed as Megatron-Core orders ranks (tp innermost, then
+    cp, then dp, out of which ep is carved): ep ranks tp*cp apart, cp ranks tp apart."""
+    if plan.ep == 1 and plan.cp == 1:
+        return None
+    ep_group, cp_group = comm.Group(plan.ep, plan.tp * plan.cp), comm.Group(plan.cp, plan.tp)
+    level = _level_for_stride(hw, plan.tp * plan.cp - 1)
+    crossing = (hw.network[0].size or 1) if level > 0 else 1
+    local, nodes = _ep_per_node(hw, plan)
+    across, inside = comm.Group(nodes, plan.tp * plan.cp * local), comm.Group(local, plan.tp * plan.cp)
+    return Parallel(
+        ep=plan.ep, cp=plan.cp, cp_algorithm=plan.cp_algorithm, imbalance=plan.imbalance,
+        ep_alltoall=lambda nbytes: comm.collective_time("alltoall", nbytes, ep_group, hw),
+        ep_nodes=nodes,
+        ep_alltoall_nodes=lambda nbytes: comm.collective_time("alltoall", nbytes, across, hw),
+        ep_alltoall_node=lambda nbytes: comm.collective_time("alltoall", nbytes, inside, hw),
+        cp_alltoall=lambda nbytes: comm.collective_time("alltoall", nbytes, cp_group, hw),
+        cp_send=lambda nbytes: comm.p2p_time(nbytes, hw, level, crossing),
+    )
+
+
+def _ep_exposed(plan: Plan, slow: StageCost, m: Any) -> tuple[Any, Any]:
+    """Expert all-to-all seconds per micro-batch left on the critical path, forward and backward. Without
+    overlap, all of it. With combined 1F1B (Megatron-Core's EP A2A overlap, DeepSeek-V3's DualPipe pairing, arXiv
+    2412.19437 Sec. 3.2.1) micro-batch i's forward runs beside micro-batch j's backward: i's dispatch/combine hide
+    behind j's backward compute and j's behind i's forward compute, so per pair only what outlasts the other
+    pass shows; the first forward and the last backward have no partner (m - 1 pairs in m micro-batches)."""
+    fwd, bwd = slow.ep_comm_fwd, slow.ep_comm_bwd
+    if not plan.ep_overlap:
+        return fwd, bwd
+    paired_fwd = mathx.maximum(fwd - slow.backward, 0.0)
+    paired_bwd = mathx.maximum(bwd - slow.forward, 0.0)
+    return (fwd + (m - 1) * paired_fwd) / m, (bwd + (m - 1) * paired_bwd) / m
+
+
+def _ep_per_node(hw: Hardware, plan: Plan) -> tuple[int, int]:
+    """(ep ranks inside one node, nodes the ep group spans): its ranks are tp*cp apart."""
+    node, stride = hw.network[0].size or plan.ep * plan.tp * plan.cp, plan.tp * plan.cp
+    local = max(1, min(plan.ep, node // stride))
+    return (local, plan.ep // local) if plan.ep % local == 0 else (plan.ep, 1)
+
+
+def _ep_cp_key(plan: Plan) -> tuple:
+    return (plan.ep, plan.cp, plan.cp_algorithm, plan.imbalance) if plan.ep > 1 or plan.cp > 1 else ()
+
+
+def _check_ep_cp(model: Model, plan: Plan) -> None:
+    """Expert parallelism needs experts to shard (ep divides each MoE layer's expert count); ring context
+    parallelism cuts each sequence into 2*cp equal chunks."""
+    if plan.ep == 1 and plan.cp == 1:
+        return
+    moe = [layer for layer, _ in model.counted() if layer.op == "moe"]
+    if plan.ep > 1 and not moe:
+        raise PlanError(f"ep={plan.ep} needs a model with moe layers; {model.name} has none")
+    for layer in moe:
+        if isinstance(layer["experts"], int) and layer["experts"] % plan.ep:
+            raise PlanError(f"ep={plan.ep} must divide the experts of {layer.name} ({layer['experts']})")
+    if plan.cp > 1:
+        seqs = {layer.in_shape[-2] for layer, _ in model.counted() if layer.op in ("attention", "mla")}
+        chunks = 2 * plan.cp if plan.cp_algorithm == "ring" else plan.cp
+        for seq in seqs:
+            if isinstance(seq, int) and seq % chunks:
+                raise PlanError(f"cp={plan.cp} ({plan.cp_algorithm}) cuts the sequence into {chunks} chunks: it must "
+                                f"divide the sequence length {seq}")
 
 
 def _dp_with_micro_batches(parts: tuple[Any, Any, Any, Any], m: Any) -> tuple[Any, Any]:

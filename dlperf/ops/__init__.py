@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlperf.ops import conv, dense, elementwise, recurrent
+from dlperf.ops import conv, dense, elementwise, moe, recurrent
 from dlperf.ops.base import Kernel, Layer, OpRule
 
 OPS: dict[str, OpRule] = {
@@ -27,6 +27,9 @@ OPS: dict[str, OpRule] = {
     "concat": elementwise.CONCAT,
     "lstm": recurrent.LSTM,
     "gru": recurrent.GRU,
+    "moe": moe.MOE,
+    "mla": moe.MLA,
+    "qk_norm": moe.QK_NORM,
     **{name: elementwise._activation(name) for name in elementwise.ACTIVATION_FLOPS},
 }
 MERGE_OPS = ("add", "concat", "multiply")

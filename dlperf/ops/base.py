@@ -51,6 +51,9 @@ class Kernel:
     FP8 (dlperf.ops.fp8) and overlapped tensor-parallel communication hides behind. `model_work_scale` turns the
     executed work into the model FLOPs MFU counts (a causal FlashAttention kernel skips masked blocks that the
     MFU convention still counts).
+    `dtype` pins the kernel's compute precision whatever the plan's (a MoE router runs in
+    fp32); `expert` marks the routed experts' work, which lands on the busiest expert-parallel rank (the engine
+    scales its time by the load-imbalance or capacity factor).
     """
 
     name: str
@@ -64,6 +67,8 @@ class Kernel:
     bwd_recompute_flops: Any = 0
     weight_gemm: tuple[Any, Any, Any] | None = None
     model_work_scale: Any = 1
+    dtype: str | None = None
+    expert: bool = False
 
     @property
     def backward_launches(self) -> Any:
@@ -78,7 +83,8 @@ class OpRule:
     (heads split; allreduce of the output forward and of the input gradient backward), 'conv' (filters split;
     allgather of outputs forward, allreduce of input gradients backward, survey section 6), 'vocab'
     (vocabulary-parallel embedding or loss), 'elementwise' (follows its input's sharding), 'full' (needs the
-    whole activation), 'none' (no data).
+    whole activation), 'none' (no data). `expert_params` (MoE layers) gives the part of the parameters that
+    expert parallelism shards.
     """
 
     attrs: dict[str, Any]
@@ -89,6 +95,7 @@ class OpRule:
     asymptotic: Callable[[Layer, Any], tuple[Any, Any]] | None = None
     tp: str = "elementwise"
     check: Callable[[Shape, dict], None] = field(default=lambda shape, a: None)
+    expert_params: Callable[[Layer], Any] | None = None  # the routed experts' share of `params` (MoE layers)
 
 
 def numel(shape: Shape) -> Any:

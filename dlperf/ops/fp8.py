@@ -51,7 +51,10 @@ def storage_dtype(dtype: str) -> str:
 
 
 def kernel_dtype(kernel: Kernel, dtype: str) -> str:
-    """The dtype whose peak times this kernel: FP8 GEMMs at the FP8 peak, every other kernel in storage dtype."""
+    """The dtype whose peak times this kernel: its own when it pins one (a MoE router in fp32), FP8 GEMMs at the
+    FP8 peak, every other kernel in storage dtype."""
+    if kernel.dtype:
+        return kernel.dtype
     return "fp8" if kernel.cls == FP8_GEMM else storage_dtype(dtype)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dlperf.errors import SpecError
+from dlperf.spec.hf_moe import MOE_FAMILIES
 from dlperf.spec.yamlio import closest, line_of, load_yaml_file
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -235,6 +236,7 @@ FAMILIES: dict[str, Callable[[dict], dict]] = {
     "gpt_neox": gpt_neox,
     "bert": bert,
 }
+FAMILIES.update(MOE_FAMILIES)  # mixtral, qwen2_moe, qwen3_moe, deepseek_v3 (dlperf/spec/hf_moe.py)
 
 
 def is_config(name_or_path: str | Path) -> bool:

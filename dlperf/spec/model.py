@@ -20,6 +20,7 @@ from dlperf.spec.yamlio import check_keys, closest, line_of, load_yaml_file
 
 TOP_KEYS = ("name", "description", "source", "input", "dtype", "params", "base", "blocks", "layers")
 FLOAT_ATTRS = ("p", "eps", "dropout")
+FACTOR_ATTRS = ("capacity_factor",)  # a number >= 1 (null: off)
 CHOICE_ATTRS = {"algorithm": ("auto", "direct", "im2col", "winograd", "fft")}
 MAX_REPEAT = 10**6
 
@@ -393,6 +394,12 @@ def _attr(op: str, key: str, raw: Any, default: Any, env: dict, ctx: _Ctx, where
             if raw not in CHOICE_ATTRS[key]:
                 raise SpecError(expected="one of " + ", ".join(CHOICE_ATTRS[key]), found=raw)
             return raw
+        if key in FACTOR_ATTRS:
+            if raw is None:
+                return None
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw < 1:
+                raise SpecError(expected="a number >= 1 (or null)", found=raw)
+            return float(raw)
         if key in FLOAT_ATTRS:
             if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 <= raw < 1:
                 raise SpecError(expected="a number in [0, 1)", found=raw)

@@ -1,0 +1,154 @@
+"""Context and expert parallelism inside one layer: which share of the attention core a context-parallel rank
+computes, what ring attention and Ulysses exchange, and what expert dispatch all-to-alls cost.
+
+Context parallelism (cp ranks split every sequence): all token-wise work divides by cp. The attention core needs
+every key for every query:
+- ring (Liu et al. 2023, Ring Attention; Megatron-Core's context parallelism): each rank keeps its queries and
+  passes its key/value block around the ring, cp - 1 sends forward (keys and values) and cp - 1 backward (keys,
+  values and their gradients), each overlapped with the attention on the block it holds. With a causal mask the
+  sequence is cut into 2*cp chunks and rank r holds chunks r and 2*cp-1-r, so that every rank gets the same share
+  of the unmasked blocks (Megatron-Core's load balancing);
+- ulysses (Jacobs et al. 2023, DeepSpeed-Ulysses): an all-to-all turns sequence shards into head shards before
+  the core (queries, keys, values) and back after it (the output), and the same in backward.
+
+Expert parallelism (ep ranks carved out of the data-parallel group, Megatron-Core): each rank keeps E/ep experts;
+its tokens' top_k copies are dispatched to the experts' ranks by an all-to-all and combined back by another,
+forward and backward (Lepikhin et al. 2020, GShard, section 3.2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from dlperf import mathx
+from dlperf.engine.layers import Use
+from dlperf.ops.base import Layer
+from dlperf.ops.moe import dispatch_elements, kv_width, qkv_widths
+
+ATTENTION_OPS = ("attention", "mla")
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Expert and context parallelism of one plan, with the collectives priced on its groups."""
+
+    ep: int = 1
+    cp: int = 1
+    cp_algorithm: str = "ring"
+    imbalance: float = 1.0
+    ep_alltoall: Callable[[Any], Any] | None = None   # bytes per rank -> seconds, over the ep group
+    ep_nodes: int = 1                                 # nodes the ep group spans
+    ep_alltoall_nodes: Callable[[Any], Any] | None = None  # over one rank per node (same in-node index)
+    ep_alltoall_node: Callable[[Any], Any] | None = None   # over the ep ranks inside one node
+    cp_alltoall: Callable[[Any], Any] | None = None   # over the cp group (Ulysses)
+    cp_send: Callable[[Any], Any] | None = None       # one ring hop
+
+    @property
+    def active(self) -> bool:
+        return self.ep > 1 or self.cp > 1
+
+
+def chunk_owner(cp: int, balanced: bool) -> list[int]:
+    """Owner rank of each of the 2*cp sequence chunks: rank r holds chunks r and 2cp-1-r when balanced, chunks
+    2r and 2r+1 (a contiguous split) otherwise."""
+    chunks = 2 * cp
+    if balanced:
+        return [c if c < cp else chunks - 1 - c for c in range(chunks)]
+    return [c // 2 for c in range(chunks)]
+
+
+def core_shares(cp: int, causal: bool, balanced: bool = True) -> list[Fraction]:
+    """Each rank's share of the attention core's work, by counting (query chunk, key chunk) blocks: all 4cp^2
+    blocks without a mask; with a causal mask the blocks below the diagonal, and half of each diagonal block."""
+    owner = chunk_owner(cp, balanced)
+    work = [Fraction(0)] * cp
+    for q in range(2 * cp):
+        for k in range(2 * cp):
+            if not causal or k < q:
+                work[owner[q]] += 1
+            elif k == q:
+                work[owner[q]] += Fraction(1, 2)
+    total = sum(work)
+    return [w / total for w in work]
+
+
+def core_divisor(cp: int, layer: Layer, algorithm: str) -> Any:
+    """What the slowest rank's attention-core time is divided by: 1 / its share. Ulysses gives every rank
+    heads/cp whole heads (an exact 1/cp); ring attention gives the busiest rank's block share."""
+    if cp == 1:
+        return 1
+    if algorithm == "ulysses":
+        return cp
+    share = max(core_shares(cp, bool(layer.get("causal", False))))
+    inverse = 1 / share
+    return int(inverse) if inverse.denominator == 1 else float(inverse)
+
+
+def _heads_split(use: Use, tp: int) -> int:
+    return tp if use.sharded else 1
+
+
+def cp_exchange(use: Use, batch: Any, e: int, tp: int, par: Parallel, core_fwd: Any,
+                core_bwd: Any) -> tuple[Any, Any]:
+    """(forward, backward) exposed seconds of one attention layer's context-parallel exchange per micro-batch.
+
+    ring: every step sends one key/value block of s/cp tokens (keys, values and their gradients backward) while
+    the core computes on the block it has, so a step costs max(send, compute) and cp - 1 steps expose
+    (cp - 1) * max(0, send - core/cp). ulysses: two all-to-alls each way, not overlapped.
+    """
+    layer, cp = use.layer, par.cp
+    tokens = batch * layer.in_shape[-2] / cp
+    heads = _heads_split(use, tp)
+    if par.cp_algorithm == "ulysses":
+        qkv, out = qkv_widths(layer)
+        t = par.cp_alltoall(e * tokens * qkv / heads) + par.cp_alltoall(e * tokens * out / heads)
+        return t, t
+    block = e * tokens * kv_width(layer) / heads
+    steps = cp - 1
+    fwd = steps * mathx.maximum(par.cp_send(block) - core_fwd / cp, 0.0)
+    bwd = steps * mathx.maximum(par.cp_send(2 * block) - core_bwd / cp, 0.0)
+    return fwd, bwd
+
+
+def expert_load(layer: Layer, par: Parallel) -> float:
+    """Tokens the busiest rank's experts run, over the mean: the capacity factor when experts are padded to
+    capacity (tokens over it are dropped), else the routing imbalance once experts are spread over ranks (on one
+    rank every expert's tokens run there anyway, so the sum is the mean)."""
+    capacity = layer.get("capacity_factor")
+    if capacity:
+        return capacity
+    return par.imbalance if par.ep > 1 else 1
+
+
+def dispatch_bytes(layer: Layer, batch: Any, e: int, tp: int, cp: int) -> Any:
+    """Bytes one rank puts into one dispatch all-to-all (and gets back from one combine), at mean load: its
+    tokens' top_k copies of the hidden vector. A tensor-parallel group splits its tokens among its ranks before
+    dispatching (Megatron-Core's all-to-all dispatcher), a context-parallel rank holds s/cp of them."""
+    return e * batch * dispatch_elements(layer, layer.get("capacity_factor") or 1) / (tp * cp)
+
+
+def nodes_reached(layer: Layer, nodes: int) -> int:
+    """Most nodes one token's top_k experts lie on under group-limited routing (DeepSeek-V3 Sec. 2.1.2: experts
+    in `groups` groups, a token choosing among the best `top_groups`): experts spread evenly over the nodes, a
+    group covers ceil(nodes / groups) of them."""
+    return min(layer["top_k"], nodes, layer["top_groups"] * -(-nodes // layer["groups"]))
+
+
+def ep_exchange(use: Use, batch: Any, e: int, tp: int, par: Parallel) -> Any:
+    """Seconds of one MoE layer's dispatch + combine all-to-alls per micro-batch, one direction (forward; the
+    backward sends the gradients the same way). Dropless routing sends the busiest rank's load.
+
+    Plain routing sends each of a token's top_k copies to its expert's rank (Megatron-Core's all-to-all
+    dispatcher). Group-limited routing across nodes is dispatched hierarchically (DeepSeek-V3 Sec. 3.2.2,
+    DeepEP): a token crosses InfiniBand once per node it reaches, to the GPU with the same in-node index, and is
+    forwarded over NVLink to its experts there; the combine retraces the path."""
+    layer = use.layer
+    load = 1 if layer.get("capacity_factor") else expert_load(layer, par)
+    nbytes = dispatch_bytes(layer, batch, e, tp, par.cp) * load
+    if layer.get("top_groups") and par.ep_nodes > 1:
+        across = nbytes / layer["top_k"] * nodes_reached(layer, par.ep_nodes)
+        return 2 * (par.ep_alltoall_nodes(across) + par.ep_alltoall_node(nbytes))
+    return 2 * par.ep_alltoall(nbytes)

@@ -1,0 +1,289 @@
+"""Mixture of experts (`moe`), multi-head latent attention (`mla`) and per-head query/key norms (`qk_norm`).
+
+MoE (Shazeer et al. 2017; GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2022; Mixtral, Jiang et al. 2024;
+DeepSeek-V3, arXiv:2412.19437 section 2.1.2): a router (a d x E linear, in fp32 as Megatron-Core's
+`--moe-router-dtype fp32` and DeepSeek-V3's gating do), a softmax (or sigmoid) over the E expert scores and a
+top-k choice, a permutation that groups each token's k copies by expert, the experts' FFNs as grouped GEMMs
+(SwiGLU: gate and up in one [d, 2f] GEMM, down [f, d]), and the combine: the k outputs weighted and summed back
+into token order. Shared experts (DeepSeekMoE) are a dense FFN every token runs. Parameters count every expert;
+FLOPs count only the k experts each token is routed to (the activated parameters, 2 FLOPs per multiply-add).
+
+MLA (DeepSeek-V2, arXiv:2405.04434 section 2.1; DeepSeek-V3 section 2.1.1): queries and keys/values go through
+low-rank down-projections (with an RMSNorm on the latent), are projected back up per head, and keys/queries carry
+a decoupled rotary part; the attention core has head dimension qk_nope + qk_rope for QK^T and v_head_dim for AV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from dlperf.cost import Cost
+from dlperf.errors import ShapeError
+from dlperf.ops.base import REQUIRED, Kernel, Layer, OpRule, clog2, elementwise_kernel, need_rank, numel
+from dlperf.ops.dense import gemm
+
+ROUTER_DTYPE = "fp32"
+ROUTER_BYTES = 4
+INDEX_BYTES = 8  # int64 expert indices (torch.topk)
+
+# ---- moe ------------------------------------------------------------------------------------------------
+
+
+def _tokens(layer: Layer, batch: Any) -> Any:
+    return batch * numel(layer.in_shape[:-1])
+
+
+def _matrices(layer: Layer) -> int:
+    """SwiGLU experts hold three matrices (gate, up, down), GELU/ReLU experts two (Shazeer 2020)."""
+    return 3 if layer["gated"] else 2
+
+
+def _shared_width(layer: Layer) -> Any:
+    """Total intermediate width of the shared experts (they run as one dense FFN of S x shared_ffn)."""
+    return layer["shared_experts"] * (layer["shared_ffn"] or layer["ffn"])
+
+
+def grouped_gemm(name: str, m: Any, k: Any, n: Any, e: int, groups: Any, tp_dim: str) -> Kernel:
+    """`groups` GEMMs [m_g, k] x [k, n] with sum(m_g) = m in one launch (a grouped GEMM): the FLOPs of one
+    [m, k] x [k, n] GEMM, but every group's weight matrix is read (forward, and for the data gradient) and its
+    gradient written (weight gradient), so weight traffic grows with the experts a device holds. Tile and wave
+    quantization see one [m, k] x [k, n] GEMM: per-group tiles are not modelled, since grouped-GEMM kernels pick
+    smaller row tiles for small groups than the dense-GEMM tile the engine assumes."""
+    kernel = gemm(name, m, k, n, e, tp_dim=tp_dim)
+    more = e * (groups - 1) * k * n
+    return replace(kernel, cost=replace(kernel.cost, fwd_bytes=kernel.cost.fwd_bytes + more,
+                                        bwd_bytes=kernel.cost.bwd_bytes + 2 * more))
+
+
+def _ffn_kernels(prefix: str, rows: Any, d: Any, f: Any, gated: bool, e: int, expert: bool,
+                 groups: Any = 1) -> list[Kernel]:
+    """An FFN over `rows` tokens: [d, 2f] gate+up GEMM, SiLU(gate) * up, [f, d] down (or up, GELU, down); the
+    GEMMs grouped over `groups` experts' weights."""
+    if gated:
+        kernels = [grouped_gemm(f"{prefix}_gate_up", rows, d, 2 * f, e, groups, "n"),
+                   elementwise_kernel(f"{prefix}_swiglu", rows * f, e, 5, 8, reads=2, bwd_reads=3,
+                                      cls="transcendental")]
+    else:
+        kernels = [grouped_gemm(f"{prefix}_up", rows, d, f, e, groups, "n"),
+                   elementwise_kernel(f"{prefix}_gelu", rows * f, e, 8, 12, cls="transcendental")]
+    kernels.append(grouped_gemm(f"{prefix}_down", rows, f, d, e, groups, "k"))
+    return [replace(k, expert=expert) for k in kernels]
+
+
+def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None) -> tuple[Kernel, ...]:
+    """The layer's kernels on a device that holds `resident` of its experts (None: all of them; expert
+    parallelism over ep ranks leaves experts / ep)."""
+    t, d = _tokens(layer, batch), layer.in_shape[-1]
+    n_exp, k, f = layer["experts"], layer["top_k"], layer["ffn"]
+    routed = t * k  # token-expert pairs: the activated work
+    router = replace(gemm("router", t, d, n_exp, ROUTER_BYTES), dtype=ROUTER_DTYPE, split=False)
+    scores = t * n_exp
+    # softmax (~5 FLOPs/element, as the loss's) and k passes of max for the top-k; writes weights and indices
+    gating = Kernel("topk_gating", "transcendental", Cost(
+        fwd_flops=(5 + k) * scores, bwd_data_flops=4 * scores,
+        fwd_bytes=2 * ROUTER_BYTES * scores + (ROUTER_BYTES + INDEX_BYTES) * routed,
+        bwd_bytes=3 * ROUTER_BYTES * scores, depth=2 * clog2(n_exp) + k, bwd_depth=clog2(n_exp)), launches=2,
+        split=False)
+    # permute: gather each token's k copies into expert order (read + write k*d per token); its backward is the
+    # matching scatter. combine: the k weighted outputs summed per token (2 FLOPs per element of each copy).
+    permute = Kernel("permute", "memory", Cost(fwd_bytes=2 * e * routed * d + INDEX_BYTES * routed,
+                                               bwd_bytes=2 * e * routed * d, depth=1, bwd_depth=1), split=False)
+    combine = Kernel("combine", "memory", Cost(
+        fwd_flops=2 * routed * d, bwd_data_flops=2 * routed * d, fwd_bytes=e * (routed * d + t * d),
+        bwd_bytes=e * (2 * routed * d + t * d), depth=clog2(k), bwd_depth=1), split=False)
+    local = n_exp if resident is None else resident
+    kernels = [router, gating, permute, *_ffn_kernels("expert", routed, d, f, layer["gated"], e, True, local),
+               combine]
+    width = _shared_width(layer)
+    if width:
+        kernels += _ffn_kernels("shared", t, d, width, layer["gated"], e, False)
+        if layer["shared_gate"]:  # Qwen2-MoE: sigmoid(x w) scales the shared experts' output
+            kernels.append(gemm("shared_gate", t, d, 1, e))
+        kernels.append(elementwise_kernel("shared_add", t * d, e, 1, 0, reads=2, bwd_reads=1))
+    return tuple(kernels)
+
+
+def moe_expert_params(layer: Layer) -> Any:
+    """Parameters of the routed experts (what expert parallelism shards): E experts x 2 or 3 [d, f] matrices."""
+    return layer["experts"] * _matrices(layer) * layer.in_shape[-1] * layer["ffn"]
+
+
+def _moe_params(shape: tuple, a: dict) -> Any:
+    d = shape[-1]
+    matrices = 3 if a["gated"] else 2
+    router = d * a["experts"] + (a["experts"] if a["router_bias"] else 0)
+    shared = matrices * d * a["shared_experts"] * (a["shared_ffn"] or a["ffn"])
+    return router + a["experts"] * matrices * d * a["ffn"] + shared + (d if a["shared_gate"] else 0)
+
+
+def moe_activated_params(layer: Layer) -> Any:
+    """Parameters one token uses: the router, its top_k experts and the shared experts."""
+    per_expert = moe_expert_params(layer) // layer["experts"] if isinstance(layer["experts"], int) else (
+        moe_expert_params(layer) / layer["experts"])
+    return layer.params - per_expert * (layer["experts"] - layer["top_k"])
+
+
+def dispatch_elements(layer: Layer, capacity: float = 1.0) -> Any:
+    """Elements one sample sends to the experts in one dispatch (and gets back in one combine): every token's
+    top_k copies of its d-vector, times the capacity factor when experts are padded to capacity."""
+    return numel(layer.in_shape[:-1]) * layer["top_k"] * layer.in_shape[-1] * capacity
+
+
+def _moe_saved(layer: Layer, e: int) -> Any:
+    """Kept for backward: the input (router and permutation), fp32 router probabilities, the permuted tokens,
+    the experts' gate/up outputs and activation, their outputs before the combine; shared experts likewise."""
+    s, d, k, f = numel(layer.in_shape[:-1]), layer.in_shape[-1], layer["top_k"], layer["ffn"]
+    inner = 3 * f if layer["gated"] else 2 * f
+    routed = e * s * k * (d + inner + d)
+    shared = e * s * (3 if layer["gated"] else 2) * _shared_width(layer)
+    return e * s * d + ROUTER_BYTES * s * layer["experts"] + routed + shared
+
+
+def _moe_check(shape: tuple, a: dict) -> None:
+    need_rank(shape, (1, 2), "moe")
+    experts, k = a["experts"], a["top_k"]
+    if isinstance(experts, int) and isinstance(k, int) and k > experts:
+        raise ShapeError("moe routes each token to top_k of its experts", expected=f"top_k <= experts ({experts})",
+                         found=k)
+    groups, top = a["groups"], a["top_groups"]
+    if (groups is None) != (top is None) or (groups and (experts % groups or top > groups)):
+        raise ShapeError("group-limited routing needs both groups (dividing the experts) and top_groups <= groups",
+                         expected="groups and top_groups together", found=f"groups {groups}, top_groups {top}")
+
+
+MOE = OpRule(
+    attrs={"experts": REQUIRED, "top_k": REQUIRED, "ffn": REQUIRED, "shared_experts": 0, "shared_ffn": None,
+           "gated": True, "capacity_factor": None, "router_bias": False, "shared_gate": False, "groups": None,
+           "top_groups": None},
+    shape=lambda s, a: s,
+    params=_moe_params,
+    kernels=moe_kernels,
+    saved=_moe_saved,
+    tp="attention",  # experts split Megatron-style inside the layer: allreduce (or reduce-scatter) of its output
+    check=_moe_check,
+    expert_params=moe_expert_params,
+)
+
+# ---- mla ------------------------------------------------------------------------------------------------
+
+
+def _mla_dims(layer: Layer) -> tuple[Any, Any, Any, Any, Any]:
+    """(seq, width, heads, query/key head dim = nope + rope, value head dim)."""
+    qd = layer["qk_nope_head_dim"] + layer["qk_rope_head_dim"]
+    return layer.in_shape[-2], layer.in_shape[-1], layer["heads"], qd, layer["v_head_dim"]
+
+
+def _latent_norm(name: str, n: Any, e: int) -> Kernel:
+    return Kernel(name, "memory", Cost(fwd_flops=5 * n, bwd_data_flops=7 * n, bwd_weight_flops=2 * n,
+                                       fwd_bytes=2 * e * n, bwd_bytes=4 * e * n, depth=2, bwd_depth=2), split=False)
+
+
+def _mla_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    s, d, h, qd, vd = _mla_dims(layer)
+    t, ql, kvl, rope = batch * s, layer["q_lora_rank"], layer["kv_lora_rank"], layer["qk_rope_head_dim"]
+    if ql:
+        queries = [replace(gemm("q_down", t, d, ql, e), split=False), _latent_norm("q_norm", t * ql, e),
+                   gemm("q_up", t, ql, h * qd, e, tp_dim="n")]
+    else:
+        queries = [gemm("q_proj", t, d, h * qd, e, tp_dim="n")]
+    keys = [replace(gemm("kv_down", t, d, kvl + rope, e), split=False), _latent_norm("kv_norm", t * kvl, e),
+            gemm("kv_up", t, kvl, h * (layer["qk_nope_head_dim"] + vd), e, tp_dim="n")]
+    scores = batch * h * s * s
+    # the fused core (FlashAttention-style, as DeepSeek and Megatron-Core train MLA): QK^T over qd, softmax, AV
+    # over vd; backward twice each GEMM. Traffic: Q, K, V, O forward; Q, K, V read and their gradients written.
+    q_bytes, v_bytes = e * t * h * qd, e * t * h * vd
+    core = Cost(fwd_flops=2 * scores * qd + 2 * scores * vd + 5 * scores,
+                bwd_data_flops=4 * scores * qd + 4 * scores * vd + 4 * scores,
+                fwd_bytes=2 * q_bytes + 2 * v_bytes, bwd_bytes=3 * (2 * q_bytes + v_bytes),
+                depth=clog2(qd) + 2 * clog2(s) + clog2(s), bwd_depth=clog2(s) + clog2(qd))
+    return (*queries, *keys, Kernel("flash_attention", "matmul", core),
+            gemm("out_proj", t, h * vd, layer["out"], e, tp_dim="k"))
+
+
+def _mla_params(shape: tuple, a: dict) -> Any:
+    d, h = shape[-1], a["heads"]
+    qd = a["qk_nope_head_dim"] + a["qk_rope_head_dim"]
+    ql, kvl = a["q_lora_rank"], a["kv_lora_rank"]
+    queries = d * ql + ql + ql * h * qd if ql else d * h * qd
+    keys = d * (kvl + a["qk_rope_head_dim"]) + kvl + kvl * h * (a["qk_nope_head_dim"] + a["v_head_dim"])
+    return queries + keys + h * a["v_head_dim"] * a["out"]
+
+
+def _mla_saved(layer: Layer, e: int) -> Any:
+    """Input, latents, per-head Q, K, V, the output-projection input, and the fused kernel's log-sum-exp."""
+    s, d, h, qd, vd = _mla_dims(layer)
+    latents = (layer["q_lora_rank"] or 0) + layer["kv_lora_rank"] + layer["qk_rope_head_dim"]
+    return e * s * (d + latents + 2 * h * qd + h * vd + h * vd) + 4 * h * s
+
+
+def _mla_fill(shape: tuple, a: dict) -> None:
+    """Checks, and fills the output width (default: the input's) before the layer is built."""
+    need_rank(shape, 2, "mla")
+    a["out"] = a["out"] or shape[-1]
+    if not a["flash"]:
+        raise ShapeError("mla is priced as a fused (FlashAttention-style) kernel only", expected="flash: true",
+                         found=a["flash"])
+
+
+def kv_width(layer: Layer) -> Any:
+    """Elements of keys plus values per token that context parallelism passes around (per sample position)."""
+    if layer.op == "mla":
+        _, _, h, qd, vd = _mla_dims(layer)
+        return h * (qd + vd)
+    return 2 * layer["kv_heads"] * layer["head_dim"]
+
+
+def qkv_widths(layer: Layer) -> tuple[Any, Any]:
+    """(query + key + value elements, output elements) per token: what Ulysses all-to-alls move."""
+    if layer.op == "mla":
+        _, _, h, qd, vd = _mla_dims(layer)
+        return h * qd + kv_width(layer), h * vd
+    return layer["heads"] * layer["head_dim"] + kv_width(layer), layer["heads"] * layer["head_dim"]
+
+
+MLA = OpRule(
+    attrs={"heads": REQUIRED, "q_lora_rank": None, "kv_lora_rank": REQUIRED, "qk_nope_head_dim": REQUIRED,
+           "qk_rope_head_dim": REQUIRED, "v_head_dim": REQUIRED, "causal": True, "flash": True, "out": None},
+    shape=lambda s, a: (*s[:-1], a["out"]),
+    params=_mla_params,
+    kernels=_mla_kernels,
+    saved=_mla_saved,
+    tp="attention",
+    check=_mla_fill,
+)
+
+# ---- qk_norm --------------------------------------------------------------------------------------------
+
+
+def _qk_norm_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    n = batch * numel(layer.in_shape[:-1]) * (layer["heads"] + layer["kv_heads"]) * layer["head_dim"]
+    return (Kernel("qk_norm", "memory", Cost(fwd_flops=5 * n, bwd_data_flops=7 * n, bwd_weight_flops=2 * n,
+                                             fwd_bytes=2 * e * n, bwd_bytes=4 * e * n, depth=clog2(layer["head_dim"]),
+                                             bwd_depth=clog2(layer["head_dim"]))),)
+
+
+def _qk_norm_fill(shape: tuple, a: dict) -> None:
+    a["kv_heads"] = a["kv_heads"] or a["heads"]
+
+
+# RMSNorm of every query and key head over head_dim (Qwen3, OLMo 2): its own layer placed before the attention
+# it belongs to, since attention's projections are inside the attention op; 2 x head_dim weights.
+QK_NORM = OpRule(
+    attrs={"heads": REQUIRED, "kv_heads": None, "head_dim": REQUIRED},
+    shape=lambda s, a: s,
+    params=lambda s, a: 2 * a["head_dim"],
+    kernels=_qk_norm_kernels,
+    saved=lambda layer, e: e * numel(layer.in_shape[:-1]) * (layer["heads"] + layer["kv_heads"]) * layer["head_dim"],
+    check=_qk_norm_fill,
+)
+
+
+def activated_params(model: Any) -> Any:
+    """Parameters a token uses: all but the routed experts it is not sent to (DeepSeek-V3's '37B activated')."""
+    return sum(count * (moe_activated_params(layer) if layer.op == "moe" else layer.params)
+               for layer, count in model.counted())
+
+
+def has_experts(model: Any) -> bool:
+    return any(layer.op == "moe" for layer, _ in model.counted())

@@ -1,0 +1,388 @@
+"""Mixture of experts, MLA, expert parallelism and context parallelism: exact counts and invariants."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import replace
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from dlperf.engine import predict
+from dlperf.engine.context import core_shares
+from dlperf.engine.step import StepModel
+from dlperf.errors import PlanError
+from dlperf.ops import OPS
+from dlperf.ops.moe import activated_params, dispatch_elements
+from dlperf.plan import Plan
+from dlperf.spec.hardware import load_hardware
+from dlperf.spec.hf_moe import MOE_FAMILIES
+from dlperf.spec.model import load_model, model_from_dict
+
+HF = Path(__file__).parent / "data" / "hf"
+
+
+def _doc(layers: list, params: dict | None = None) -> dict:
+    return {"name": "t", "input": ["seq"], "dtype": "bf16",
+            "params": {"seq": 64, "hidden": 32, "vocab": 100, **(params or {})},
+            "layers": [{"op": "embedding", "vocab": "vocab", "dim": "hidden"}, *layers,
+                       {"op": "linear", "out": "vocab", "bias": False}, {"op": "cross_entropy"}]}
+
+
+def _flops(model, name_prefix: str = "") -> float:
+    e = 2
+    return sum(count * k.cost.work for layer, count in model.counted() for k in OPS[layer.op].kernels(layer, 1, e)
+               if k.name.startswith(name_prefix))
+
+
+# ---- exact parameter counts -----------------------------------------------------------------------------
+
+
+def test_mixtral_parameters_exact():
+    model = load_model("mixtral-8x7b")
+    assert model.total_params == 46_702_792_704  # Mixtral-8x7B-v0.1 safetensors
+    assert activated_params(model) == 12_879_925_248  # "12.9B active parameters" (Jiang et al. 2024)
+
+
+def test_deepseek_v3_parameters():
+    """671B total / 37B activated (DeepSeek-V3 Sec. 1); the MTP module (the other 14B of the 685B checkpoint)
+    is not part of the built-in."""
+    model = load_model("deepseek-v3")
+    assert model.total_params == 671_026_419_200
+    assert activated_params(model) == 37_552_297_472
+    assert 36.5e9 < activated_params(model) - 129280 * 7168 < 37.5e9  # "37B" without the input embedding
+
+
+@pytest.mark.parametrize(("folder", "total", "activated"), [
+    ("mixtral-8x7b-v0.1", 46_702_792_704, 12.9e9),
+    ("deepseek-v3", 671_026_419_200, 37.6e9),
+    ("qwen3-30b-a3b", 30_532_122_624, 3.3e9),     # model card: 30.5B total, 3.3B activated
+    ("qwen1.5-moe-a2.7b", 14_315_784_192, 2.7e9),  # model card: 14.3B total, 2.7B activated
+])
+def test_hf_converters_exact(folder, total, activated):
+    config = json.loads((HF / folder / "config.json").read_text())
+    model = model_from_dict(MOE_FAMILIES[config["model_type"]](config), str(folder), {})
+    expected = total
+    if folder.startswith("qwen1.5") and "qkv_bias" not in OPS["attention"].attrs:
+        expected += 24 * 2048  # without attention's qkv_bias, o_proj gets a bias it does not have
+    assert model.total_params == expected
+    assert activated_params(model) == pytest.approx(activated, rel=0.02)
+
+
+def test_builtins_equal_converted_configs():
+    for name, folder in (("mixtral-8x7b", "mixtral-8x7b-v0.1"), ("deepseek-v3", "deepseek-v3")):
+        config = json.loads((HF / folder / "config.json").read_text())
+        converted = model_from_dict(MOE_FAMILIES[config["model_type"]](config), folder, {"seq": 4096})
+        builtin = load_model(name)
+        assert converted.total_params == builtin.total_params
+        assert _flops(converted) == _flops(builtin)
+
+
+# ---- the moe operator -----------------------------------------------------------------------------------
+
+
+def test_moe_flops_count_activated_experts_only():
+    """Expert FLOPs are top_k times one SwiGLU FFN's, whatever the number of experts (and 3x forward)."""
+    swiglu = model_from_dict(_doc([{"branches": [[{"op": "linear", "out": 48, "bias": False}, {"op": "silu"}],
+                                                  [{"op": "linear", "out": 48, "bias": False}]], "merge": "multiply"},
+                                   {"op": "linear", "out": "hidden", "bias": False}]), "t", {})
+    dense_gemm = sum(count * k.cost.work for layer, count in swiglu.counted() if layer.op == "linear"
+                     and layer["out"] != 100 for k in OPS["linear"].kernels(layer, 1, 2))
+    for experts in (4, 64):
+        moe = model_from_dict(_doc([{"op": "moe", "experts": experts, "top_k": 2, "ffn": 48}]), "t", {})
+        gemms = sum(count * k.cost.work for layer, count in moe.counted() if layer.op == "moe"
+                    for k in OPS["moe"].kernels(layer, 1, 2) if k.cls == "matmul" and k.expert)
+        assert gemms == 2 * dense_gemm
+        layer = next(layer for layer, _ in moe.counted() if layer.op == "moe")
+        assert layer.params == 32 * experts + experts * 3 * 32 * 48
+
+
+def test_moe_router_runs_in_fp32_and_capacity_factor_parses():
+    model = model_from_dict(_doc([{"op": "moe", "experts": 8, "top_k": 2, "ffn": 48, "capacity_factor": 1.25}]),
+                            "t", {})
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    router = next(k for k in OPS["moe"].kernels(layer, 1, 2) if k.name == "router")
+    assert router.dtype == "fp32" and layer["capacity_factor"] == 1.25
+
+
+def test_moe_bad_attributes_are_one_line_errors():
+    from dlperf.errors import DlperfError
+
+    with pytest.raises(DlperfError, match="top_k"):
+        model_from_dict(_doc([{"op": "moe", "experts": 2, "top_k": 4, "ffn": 48}]), "t", {})
+    with pytest.raises(DlperfError, match=">= 1"):
+        model_from_dict(_doc([{"op": "moe", "experts": 8, "top_k": 2, "ffn": 48, "capacity_factor": 0.5}]), "t", {})
+
+
+# ---- expert parallelism ---------------------------------------------------------------------------------
+
+
+def test_ep1_without_moe_layers_changes_nothing():
+    model, hw = load_model("llama2-7b"), load_hardware("dgx-h100")
+    plan = Plan(devices=32, tp=2, pp=2, global_batch=64, micro_batch=1, zero=1, sequence_parallel=True)
+    a = predict(model, hw, plan)
+    b = predict(model, hw, plan.with_(ep=1, cp=1))
+    assert a.step_time_s == b.step_time_s and a.memory == b.memory
+    assert a.breakdown_s["comm/ep"] == 0 and a.breakdown_s["comm/cp"] == 0
+
+
+def _flat_hardware(name: str = "dgx-h100"):
+    """One network level holding every device: a collective's bytes cross at bandwidth x efficiency. NCCL's
+    fixed per-call latencies (dlperf.comm.nccl) remain, so the tests compare two sizes and let them cancel."""
+    hw = load_hardware(name)
+    level = replace(hw.network[-1], size=None, latency=0.0)
+    return replace(hw, network=(level,)), level.bandwidth * level.efficiency
+
+
+@pytest.mark.parametrize("ep", [2, 8])
+def test_alltoall_volume_matches_analytic_count(ep):
+    """Each MoE layer sends tokens x top_k x hidden x bytes x (ep-1)/ep per rank per all-to-all, four times
+    (dispatch and combine, forward and backward): doubling the tokens adds exactly that volume's time."""
+    hw, rate = _flat_hardware()
+    plan = Plan(devices=16, ep=ep, global_batch=32, micro_batch=1, zero=1, moe_imbalance=1.0)
+    times = [predict(load_model("mixtral-8x7b", {"seq": seq}), hw, plan).breakdown_s["comm/ep"]
+             for seq in (4096, 8192)]
+    tokens, top_k, hidden, e = 4096, 2, 4096, 2  # the extra tokens per sample
+    per_direction = tokens * top_k * hidden * e * (ep - 1) / ep
+    expected = 4 * 32 * per_direction / rate * plan.micro_batches
+    assert times[1] - times[0] == pytest.approx(expected, rel=1e-9)
+
+
+def test_imbalance_scales_expert_time_and_alltoall():
+    model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    plan = Plan(devices=16, ep=8, global_batch=32, micro_batch=1, zero=1)
+    even = predict(model, hw, plan.with_(moe_imbalance=1.0))
+    skew = predict(model, hw, plan.with_(moe_imbalance=1.5))
+    assert skew.breakdown_s["comm/ep"] > 1.3 * even.breakdown_s["comm/ep"]
+    assert skew.per_type_s["moe"] > even.per_type_s["moe"]
+    assert skew.per_type_s["attention"] == even.per_type_s["attention"]
+    # on one rank the experts' loads add up to the mean: the knob does nothing without expert parallelism
+    flat = plan.with_(ep=1)
+    assert predict(model, hw, flat.with_(moe_imbalance=1.5)).step_time_s == predict(model, hw, flat).step_time_s
+
+
+def test_expert_weights_and_states_shard_over_ep():
+    """ep shards the experts' weights; with ZeRO-1 their optimizer states shard over dp/ep replicas."""
+    model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    experts = 32 * OPS["moe"].expert_params(layer)
+    base = Plan(devices=64, global_batch=64, micro_batch=1, zero=1)
+    one, eight = predict(model, hw, base), predict(model, hw, base.with_(ep=8))
+    assert one.memory["weights"] - eight.memory["weights"] == pytest.approx(2 * experts * (1 - 1 / 8))
+    # optimizer states: dense over 64 replicas, experts' shard over 64/8 = 8 replicas -> the same total / 64
+    assert eight.memory["optimizer"] == pytest.approx(one.memory["optimizer"], rel=1e-12)
+
+
+def test_ep_plan_errors():
+    model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    with pytest.raises(PlanError, match="must divide the data-parallel degree"):
+        predict(model, hw, Plan(devices=16, tp=8, ep=4, global_batch=16))
+    with pytest.raises(PlanError, match="must divide the experts"):
+        predict(model, hw, Plan(devices=16, ep=16, global_batch=16))
+    with pytest.raises(PlanError, match="needs a model with moe layers"):
+        predict(load_model("llama2-7b"), hw, Plan(devices=16, ep=2, global_batch=16))
+
+
+def test_search_explores_ep_and_agrees_with_predict():
+    from dlperf.search import search
+
+    model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    result = search(model, hw, 64, 256)
+    eps = {ev.plan.ep for ev in result.ranked}
+    assert {1, 2, 8} <= eps
+    for ev in result.ranked[:20]:
+        assert predict(model, hw, ev.plan).step_time_s == pytest.approx(ev.step_time_s, rel=1e-9)
+
+
+def test_deepseek_search_finishes_in_seconds():
+    from dlperf.search import search
+
+    start = time.perf_counter()
+    result = search(load_model("deepseek-v3"), load_hardware("dgx-h100"), 2048, 15360)
+    assert time.perf_counter() - start < 60  # ~3 s alone on a 2-core CI machine; generous for a shared one
+    assert result.ranked and any(ev.plan.ep > 1 for ev in result.ranked)
+
+
+# ---- context parallelism --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3, 4, 8])
+def test_ring_shares_add_up_to_the_unsplit_attention(cp):
+    """Summed over ranks, the blockwise attention of every context-parallel rank is the unsplit attention."""
+    for causal in (False, True):
+        for balanced in (False, True):
+            assert sum(core_shares(cp, causal, balanced)) == 1
+    # Megatron-Core's 2*cp chunks give every rank the same causal work; a contiguous split gives the last rank
+    # (2cp-1)/cp^2 of it
+    assert set(core_shares(cp, True, True)) == {Fraction(1, cp)}
+    assert max(core_shares(cp, True, False)) == Fraction(2 * cp - 1, cp * cp)
+
+
+def test_cp_attention_flops_sum_to_unsplit():
+    """Per-rank attention-core work at cp = c, times c ranks, equals one device's unsplit work."""
+    from dlperf.engine.context import core_divisor
+
+    model = load_model("llama2-7b")
+    attention = next(layer for layer, _ in model.counted() if layer.op == "attention")
+    unsplit = sum(k.cost.work for k in OPS["attention"].kernels(attention, 1, 2) if k.name in ("scores", "attend"))
+    for cp in (2, 4, 8):
+        for algorithm in ("ring", "ulysses"):
+            assert cp * unsplit / core_divisor(cp, attention, algorithm) == unsplit
+
+
+def test_cp_divides_activation_memory():
+    model, hw = load_model("llama2-7b"), load_hardware("dgx-h100")
+    plan = Plan(devices=8, tp=2, global_batch=4, micro_batch=1, sequence_parallel=True)
+    one, four = predict(model, hw, plan), predict(model, hw, plan.with_(devices=32, cp=4))
+    assert four.memory["activations"] == pytest.approx(one.memory["activations"] / 4, rel=1e-12)
+    assert four.breakdown_s["comm/cp"] >= 0 and one.breakdown_s["comm/cp"] == 0
+
+
+def test_ring_sends_hide_behind_long_blocks_but_not_short_ones():
+    """At 4k tokens and cp=2 the KV block send hides under the blockwise attention; a ring over two nodes with
+    a short sequence cut four ways, whose blocks take less than an InfiniBand latency, does not."""
+    model, hw = load_model("llama2-7b"), load_hardware("dgx-h100")
+    long_seq = predict(model, hw, Plan(devices=2, cp=2, global_batch=1, micro_batch=1))
+    assert long_seq.breakdown_s["comm/cp"] == 0
+    short = load_model("llama2-7b", {"seq": 256})
+    crossing = predict(short, hw, Plan(devices=16, tp=4, cp=4, global_batch=1, micro_batch=1))
+    assert crossing.breakdown_s["comm/cp"] > 0
+
+
+def test_ulysses_alltoall_volume_and_heads_rule():
+    hw, rate = _flat_hardware()
+    cp = 4
+    plan = Plan(devices=cp, cp=cp, cp_algorithm="ulysses", global_batch=1, micro_batch=1)
+    times = [predict(load_model("llama2-7b", {"seq": seq}), hw, plan).breakdown_s["comm/cp"] for seq in (4096, 8192)]
+    s, h = 4096, 4096  # the extra tokens per sample
+    per_layer = 2 * 2 * s / cp * (3 * h + h) * (cp - 1) / cp  # q, k, v in and the output back, fwd and bwd
+    assert times[1] - times[0] == pytest.approx(32 * per_layer / rate, rel=1e-9)
+    with pytest.raises(PlanError, match="tp\\*cp = 64 must divide the attention heads"):
+        predict(load_model("llama2-7b"), hw, Plan(devices=64, tp=8, cp=8, cp_algorithm="ulysses", global_batch=1))
+
+
+def test_128k_context_prediction_and_closed_form_stay_fast():
+    from dlperf.engine.symbolic import closed_form
+
+    model, hw = load_model("llama2-7b", {"seq": 131072}), load_hardware("dgx-h100")
+    start = time.perf_counter()
+    result = predict(model, hw, Plan(devices=64, tp=8, cp=8, global_batch=8, micro_batch=1,
+                                     sequence_parallel=True, recompute="full"))
+    forms = closed_form(model, hw, "bf16")
+    assert time.perf_counter() - start < 30
+    assert math.isfinite(result.step_time_s) and result.fits
+    assert forms["T_step"].free_symbols
+
+
+def test_cp_plan_rules():
+    model, hw = load_model("llama2-7b"), load_hardware("dgx-h100")
+    with pytest.raises(PlanError, match="dp\\*tp\\*pp\\*cp must equal"):
+        predict(model, hw, Plan(devices=8, dp=2, tp=2, cp=4, global_batch=8))
+    with pytest.raises(PlanError, match="cuts the sequence into"):
+        predict(load_model("llama2-7b", {"seq": 4000}), hw, Plan(devices=32, cp=32, global_batch=1))
+
+
+def test_cli_ep_cp_flags(capsys):
+    from click.testing import CliRunner
+
+    from dlperf.cli import cli, main
+
+    out = CliRunner().invoke(cli, ["predict", "mixtral-8x7b", "dgx-h100", "--gpus", "64", "--tp", "2", "--ep", "8",
+                                    "--cp", "2", "--global-batch", "64", "--micro-batch", "1", "--zero", "1",
+                                    "--sequence-parallel", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["plan"]["ep"] == 8 and data["plan"]["cp"] == 2 and data["plan"]["dp"] == 16
+    assert data["breakdown_s"]["comm/ep"] > 0
+    with pytest.raises(SystemExit) as bad:
+        main(["predict", "llama2-7b", "dgx-h100", "--gpus", "8", "--ep", "2"])
+    assert bad.value.code == 2
+    assert capsys.readouterr().err.strip() == "Error: ep=2 needs a model with moe layers; llama2-7b has none"
+
+
+def test_dispatch_elements_counts_top_k_copies():
+    model = load_model("mixtral-8x7b")
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    assert dispatch_elements(layer) == 4096 * 2 * 4096
+
+
+def test_step_model_caches_per_ep():
+    """Memoised stage costs are keyed by ep and cp: pricing ep=8 after ep=1 does not reuse ep=1's."""
+    model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    sm = StepModel(model, hw)
+    plan = Plan(devices=16, global_batch=16, micro_batch=1, zero=1)
+    a = sm.timeline(plan)
+    b = sm.timeline(plan.with_(ep=8))
+    assert a.breakdown_s["comm/ep"] == 0 < b.breakdown_s["comm/ep"]
+
+
+# ---- expert all-to-all overlap and group-limited dispatch -----------------------------------------------
+
+
+def test_ep_overlap_hides_alltoalls_behind_the_paired_pass():
+    """Combined 1F1B: per micro-batch only what outlasts the other micro-batch's opposite pass shows, and the
+    first forward and last backward are unpaired."""
+    model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    sm = StepModel(model, hw)
+    plan = Plan(devices=16, ep=8, global_batch=64, micro_batch=1, zero=1)
+    slow = sm.stages(plan, "bf16", 2)[1]
+    m = plan.micro_batches
+    plain, hidden = sm.timeline(plan), sm.timeline(plan.with_(ep_overlap=True))
+    assert plain.breakdown_s["comm/ep"] == pytest.approx(m * (slow.ep_comm_fwd + slow.ep_comm_bwd), rel=1e-12)
+    expected = (slow.ep_comm_fwd + slow.ep_comm_bwd + (m - 1) * (max(slow.ep_comm_fwd - slow.backward, 0)
+                                                                + max(slow.ep_comm_bwd - slow.forward, 0)))
+    assert hidden.breakdown_s["comm/ep"] == pytest.approx(expected, rel=1e-12)
+    assert hidden.step_time_s < plain.step_time_s
+    assert hidden.memory["activations"] > plain.memory["activations"]  # the paired micro-batch's activations
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"ep": 1}, "needs ep > 1"),
+    ({"recompute": "full"}, "full recomputation"),
+    ({"pp": 2, "devices": 32}, "interleaved schedule"),
+    ({"micro_batch": 2}, "2 or more"),
+])
+def test_ep_overlap_rules(changes, message):
+    model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    plan = Plan(devices=16, ep=8, global_batch=32, micro_batch=1, zero=1, ep_overlap=True).with_(**changes)
+    with pytest.raises(PlanError, match=message):
+        predict(model, hw, plan)
+
+
+def test_group_limited_routing_dispatches_once_per_node():
+    """DeepSeek-V3 at ep=64 (8 nodes): a token reaches at most 4 nodes; InfiniBand carries one copy per node
+    reached, NVLink the top_k copies inside the node."""
+    import dlperf.comm as comm
+    from dlperf.engine.context import dispatch_bytes, ep_exchange, nodes_reached
+    from dlperf.engine.layers import Use
+    from dlperf.engine.step import _parallel
+
+    model, hw = load_model("deepseek-v3"), load_hardware("dgx-h100")
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    assert nodes_reached(layer, 8) == 4 and nodes_reached(layer, 2) == 2
+    plan = Plan(devices=512, ep=64, global_batch=512, micro_batch=1, moe_imbalance=1.0)
+    par = _parallel(comm, hw, plan)
+    assert par.ep_nodes == 8
+    nbytes = dispatch_bytes(layer, 1, 2, 1, 1)
+    expected = 2 * (comm.collective_time("alltoall", nbytes * 4 / 8, comm.Group(8, 8), hw)
+                    + comm.collective_time("alltoall", nbytes, comm.Group(8, 1), hw))
+    assert ep_exchange(Use(layer, 1, False), 1, 2, 1, par) == pytest.approx(expected, rel=1e-12)
+    flat = replace(layer, attrs=tuple((k, None if k in ("groups", "top_groups") else v) for k, v in layer.attrs))
+    assert ep_exchange(Use(flat, 1, False), 1, 2, 1, par) > 1.5 * expected
+
+
+def test_grouped_gemm_reads_every_resident_experts_weights():
+    """Same FLOPs whatever the experts per device; weight traffic of the expert GEMMs scales with them."""
+    from dlperf.ops.moe import moe_kernels
+
+    model = load_model("mixtral-8x7b")
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    every, one = (
+        {k.name: k.cost for k in moe_kernels(layer, 1, 2, resident)} for resident in (None, 1))
+    d, f = 4096, 14336
+    assert every["expert_gate_up"].work == one["expert_gate_up"].work
+    assert every["expert_gate_up"].fwd_bytes - one["expert_gate_up"].fwd_bytes == 2 * 7 * d * 2 * f
+    assert every["expert_down"].bwd_bytes - one["expert_down"].bwd_bytes == 2 * 2 * 7 * f * d
