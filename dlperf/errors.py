@@ -34,14 +34,14 @@ class DlperfError(Exception):
             where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
         elif self.line:
             where = f"line {self.line}: "
-        parts = [f"{where}{self.field}: " if self.field else where]
-        body = self.message
+        parts = [f"{where}{_clip(str(self.field), 120)}: " if self.field else where]
+        body = _clip(self.message, 400)
         if self.expected is not None:
             found = "" if self.found is None else f", found {_short(self.found)}"
             body = f"{body}; " if body else ""
-            body += f"expected {self.expected}{found}"
+            body += f"expected {_clip(str(self.expected), 300)}{found}"
         parts.append(body)
-        return "".join(parts).replace("\n", " ")
+        return safe_text("".join(parts))
 
     def located(self, file: str | None = None, line: int | None = None, field: str | None = None) -> DlperfError:
         """Fill in location details that an inner function did not know."""
@@ -56,8 +56,29 @@ class DlperfError(Exception):
 
 
 def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    text = repr(value) if not isinstance(value, (list, dict, tuple)) or len(value) <= 20 else \
+        f"<{type(value).__name__} of {len(value)} items>"
+    return _clip(text, 60)
+
+
+def _clip(text: str, limit: int) -> str:
+    """A 5 MB op name or a 20,000-name "expected one of" list would make a 5 MB error line: keep the start."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def safe_text(text: str) -> str:
+    """One printable line: control and format characters (terminal escapes, a carriage return that would
+    overwrite the line, bidirectional overrides) are shown escaped instead of acting on the terminal."""
+    import unicodedata
+
+    def show(char: str) -> str:
+        if char in "\n\t":
+            return " "
+        if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Cs"):
+            return char.encode("unicode_escape").decode("ascii")
+        return char
+
+    return "".join(show(c) for c in text)
 
 
 class SpecError(DlperfError):

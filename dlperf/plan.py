@@ -19,6 +19,10 @@ CP_ALGORITHMS = ("ring", "ulysses")
 # that its auxiliary-loss-balanced router needs to drop few tokens; dropless routing (Megatron-Core's default)
 # instead runs the busiest rank at that load. A plan knob (--moe-imbalance); 1.0 is perfect balance.
 MOE_IMBALANCE = 1.25
+# Budgets (issue #15): the engine keeps per-device state for some collectives, and a plan of 10^9 devices
+# asked for 15 GB. The largest published training clusters have ~10^5 accelerators.
+MAX_DEVICES = 2**20
+MAX_BATCH = 2**40
 
 
 @dataclass(frozen=True)
@@ -83,9 +87,11 @@ class Plan:
         return replace(self, **changes)
 
 
-def _positive(name: str, value: Any) -> None:
+def _positive(name: str, value: Any, limit: int = MAX_DEVICES) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PlanError(f"{name} must be a positive integer", expected="an integer >= 1", found=value)
+    if value > limit:
+        raise PlanError(f"{name} must be at most {limit:,} (the limit dlperf.plan)", found=value)
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -102,12 +108,19 @@ def _check_knobs(plan: Plan) -> None:
         value = getattr(plan, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise PlanError(name, expected="an integer >= 0", found=value)
+    if plan.parameter_server > plan.devices:
+        # a server is a process on one of the cluster's devices (survey section 5.2, sharded PS): more servers
+        # than devices would be links that do not exist, and would beat the network's bandwidth
+        raise PlanError("parameter_server", expected=f"at most one server per device (<= {plan.devices})",
+                        found=plan.parameter_server)
     if plan.grad_dtype is not None:
         _choice("grad_dtype", plan.grad_dtype, DTYPES)
     _choice("cp_algorithm", plan.cp_algorithm, CP_ALGORITHMS)
     value = plan.moe_imbalance
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1):
-        raise PlanError("moe_imbalance", expected="a number >= 1 (busiest rank's tokens / mean)", found=value)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 1 <= value <= 1000):  # also refuses NaN and infinity
+        raise PlanError("moe_imbalance", expected="a number from 1 to 1000 (busiest rank's tokens / mean)",
+                        found=value)
 
 
 def _check_degrees(plan: Plan) -> None:
@@ -141,12 +154,13 @@ def _check_ep_overlap(plan: Plan) -> None:
 
 def validate(plan: Plan, heads: int | None = None, layers: int | None = None) -> Plan:
     """Check degrees multiply to the device count, batches divide, tp <= heads, pp <= layers, ..."""
-    for name in ("devices", "tp", "pp", "global_batch", "virtual_stages", "ep", "cp"):
+    for name in ("devices", "tp", "pp", "virtual_stages", "ep", "cp"):
         _positive(name, getattr(plan, name))
+    _positive("global_batch", plan.global_batch, MAX_BATCH)
     if plan.dp is not None:
         _positive("dp", plan.dp)
     if plan.micro_batch is not None:
-        _positive("micro_batch", plan.micro_batch)
+        _positive("micro_batch", plan.micro_batch, MAX_BATCH)
     _choice("schedule", plan.schedule, SCHEDULES)
     _choice("recompute", plan.recompute, RECOMPUTE)
     _choice("optimizer", plan.optimizer, OPTIMIZERS)

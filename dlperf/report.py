@@ -50,7 +50,7 @@ def _cell(value: Any, kind: str | None = None) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
-        if math.isnan(value):
+        if not math.isfinite(value):  # never print a NaN or infinite figure: it is "no value"
             return "-"
         if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
             return f"{value:.4g}"
@@ -87,18 +87,33 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, 
 
 
 def to_json(data: Any) -> str:
-    return json.dumps(data, indent=2, default=_jsonable)
+    """JSON that any parser reads: a non-finite float (which json.dumps would write as NaN or Infinity, not
+    JSON) becomes null, like the "-" of a table."""
+    return json.dumps(_finite(data), indent=2, default=_jsonable, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if hasattr(value, "to_dict") and not isinstance(value, type):
+        return _finite(value.to_dict())
+    if hasattr(value, "tolist"):
+        return _finite(value.tolist())
+    return value
 
 
 def _jsonable(value: Any) -> Any:
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    if hasattr(value, "tolist"):
-        return value.tolist()
+    if hasattr(value, "to_dict") or hasattr(value, "tolist"):
+        return _finite(value)
     try:
-        return float(value)
-    except (TypeError, ValueError):
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
         return str(value)
+    return number if math.isfinite(number) else None
 
 
 def to_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:

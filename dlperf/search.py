@@ -259,25 +259,31 @@ def terminal_progress(label: str) -> Callable[[Iterable], Any] | None:
 
 
 # ------------------------------------------------------------------------------------------------------- sweeps
+MAX_COUNTS = 64  # device counts in one --gpus list or range (1..2**20 is 21)
+
+
 def parse_gpu_list(text: str) -> list[int]:
-    """'1,2,4,8' or '1..256' (powers of two from 1 to 256, both ends included)."""
+    """'1,2,4,8' or '1..256' (powers of two from 1 to 256, both ends included). Every count is at most
+    dlperf.plan.MAX_DEVICES and a list has at most MAX_COUNTS of them, checked before any planning."""
+    from dlperf.plan import MAX_DEVICES
+
     text = text.strip()
-    try:
-        if ".." in text:
-            lo, hi = (int(x) for x in text.split(".."))
-            if lo < 1 or hi < lo:
-                raise ValueError
-            out, p = [], 1
-            while p <= hi:
-                if p >= lo:
-                    out.append(p)
-                p *= 2
-            return out or [lo]
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise PlanError("--gpus", expected="a list like 1,2,4,8 or a range 1..256", found=text) from None
-    if not values or any(v < 1 for v in values):
-        raise PlanError("--gpus", expected="positive device counts", found=text)
+    expected = "a list like 1,2,4,8 or a range 1..256 (ASCII digits)"
+    parts = text.split("..") if ".." in text else text.split(",")
+    parts = [p.strip() for p in parts if p.strip() or ".." in text]
+    if not parts or len(parts) > MAX_COUNTS or (".." in text and len(parts) != 2) or any(
+            not (p.isascii() and p.isdigit()) or len(p) > 12 for p in parts):
+        raise PlanError(field="--gpus", expected=expected + f", at most {MAX_COUNTS} counts", found=text)
+    values = [int(p) for p in parts]
+    if any(not 1 <= v <= MAX_DEVICES for v in values):
+        raise PlanError(field="--gpus", expected=f"device counts from 1 to {MAX_DEVICES:,} (dlperf.plan.MAX_DEVICES)",
+                        found=text)
+    if ".." in text:
+        lo, hi = values
+        if hi < lo:
+            raise PlanError(field="--gpus", expected="LOW..HIGH with LOW <= HIGH", found=text)
+        out = [p for p in (2**k for k in range(hi.bit_length())) if lo <= p <= hi]
+        return out or [lo]
     return sorted(set(values))
 
 

@@ -7,6 +7,7 @@ units package (pint) would add ~0.3 s to every cold start for none of that.
 
 from __future__ import annotations
 
+import math
 import re
 
 from dlperf.errors import UnitError
@@ -24,8 +25,13 @@ KINDS = {
     "time": ("s", "'5 us'"),
 }
 
-_NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
-_QUANTITY = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-zµ/]*)\s*$")
+# ASCII digits only: `\d` would read '٥ TFLOP/s' (an Arabic-Indic five) as 5.
+_NUMBER = r"([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)"
+_QUANTITY = re.compile(rf"^[ \t]*{_NUMBER}[ \t]*([A-Za-zµ/]*)[ \t]*$")
+# Every quantity, in base units, lies in this range: no device, link or model is within 10^20 of either end,
+# and inside it no product or quotient the model forms can overflow a float (issue #15: '1e400 TFLOP/s' was
+# read as infinity and printed "step time nan ns").
+SMALLEST, LARGEST = 1e-30, 1e30
 
 
 def _prefix_factor(prefix: str) -> float | None:
@@ -66,7 +72,7 @@ def parse_quantity(value: object, kind: str) -> float:
         raise UnitError(expected=expected, found=value)
     if isinstance(value, (int, float)):
         if kind == "bytes" and value > 0:
-            return float(value)
+            return _in_range(value, value, expected)
         raise UnitError(expected=expected + " (with its unit)", found=value)
     match = _QUANTITY.match(value)
     if not match:
@@ -77,7 +83,18 @@ def parse_quantity(value: object, kind: str) -> float:
         raise UnitError(expected=expected, found=value)
     if not number > 0:
         raise UnitError(expected=expected, found=value)
-    return number * factor
+    return _in_range(number * factor, value, expected)
+
+
+def _in_range(number: float, found: object, expected: str) -> float:
+    try:
+        number = float(number)
+    except OverflowError:  # an integer of 400 digits
+        number = math.inf
+    if not SMALLEST <= number <= LARGEST:  # also false for NaN and infinity
+        raise UnitError(expected=f"{expected}, between 1e-30 and 1e30 in base units (units.LARGEST)",
+                        found=found)
+    return number
 
 
 def format_quantity(value: float, kind: str, digits: int = 4) -> str:

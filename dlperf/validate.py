@@ -280,11 +280,18 @@ def _measured(node: dict, where: str, file: str) -> tuple[float, str]:
     inner = field_name(where, "measured")
     check_keys(measured, MEASURED_KEYS, file, inner, required=MEASURED_KEYS)
     value, unit = measured["value"], measured["unit"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-        raise _fail(measured, "value", inner, file, "a positive number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < _as_float(value) <= 1e30:
+        raise _fail(measured, "value", inner, file, "a positive number (finite, at most 1e30)")
     if unit not in UNITS:
         raise _fail(measured, "unit", inner, file, "one of " + ", ".join(UNITS))
     return float(value), unit
+
+
+def _as_float(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        return math.inf
 
 
 def _sets(node: dict, where: str, file: str) -> dict[str, int]:
@@ -292,8 +299,8 @@ def _sets(node: dict, where: str, file: str) -> dict[str, int]:
     if not isinstance(sets, dict):
         raise _fail(node, "set", where, file, "a mapping of model parameter to positive integer")
     for key, value in sets.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise _fail(sets, key, field_name(where, "set"), file, "a positive integer")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**53:
+            raise _fail(sets, key, field_name(where, "set"), file, "a positive integer (at most 2**53)")
     return {str(k): v for k, v in sets.items()}
 
 
@@ -379,13 +386,21 @@ def _predict(row: Row) -> tuple[Any, int]:
     from dlperf.spec.hardware import load_hardware
     from dlperf.spec.model import load_model
 
+    specs = []
+    loaders = (("model", lambda: load_model(row.model, row.sets)), ("hardware", lambda: load_hardware(row.hardware)))
+    for key, load in loaders:
+        try:
+            specs.append(load())
+        except DlperfError as err:
+            # the row is where the bad name is; the inner message keeps the model's own file and line, if any
+            raise DlperfError(str(err), file=row.file, line=row.line, field=f"rows[{row.id}].{key}") from None
     try:
-        model = load_model(row.model, row.sets)
+        model, hardware = specs
         if row.unit in PER_TOKEN_UNITS and len(model.input_shape) != 1:
             raise SpecError(f"unit {row.unit} needs a sequence model", expected="a model whose input is [seq]",
                             found=list(model.input_shape))
         tokens = int(model.input_shape[0]) if len(model.input_shape) == 1 else 1
-        return predict(model, load_hardware(row.hardware), row.plan), tokens
+        return predict(model, hardware, row.plan), tokens
     except DlperfError as err:
         raise err.located(file=row.file, line=row.line, field=f"rows[{row.id}]") from None
 
@@ -520,6 +535,12 @@ def pending_rows(pending: Sequence[Pending]) -> list[dict[str, Any]]:
         "id": p.id, "source": p.source, "model": p.model, "hardware": p.hardware, "unit": p.unit,
         "measured": p.value, "waits_for": ",".join(p.waits_for), "evidence": p.evidence,
     } for p in pending]
+
+
+def unscorable(results: Sequence[Result]) -> list[Result]:
+    """Rows whose error is not a finite number (a NaN or infinite prediction): a gate must count them as
+    failures, since they would otherwise drop out of the mean unseen."""
+    return [r for r in results if not math.isfinite(r.error_pct)]
 
 
 def mean_abs_error(results: Sequence[Result]) -> float:

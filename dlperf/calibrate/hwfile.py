@@ -278,9 +278,23 @@ def check_text(text: str, path: str) -> Hardware:
         raise CalibrationError(f"refusing to write {path}: the generated file does not load ({err})") from None
 
 
+def output_target(path: str | Path) -> Path:
+    """The file an output path will really write: a symlink is written through (its target is replaced, the
+    link stays), so that `-o` never turns a link into a plain file; a device or other non-regular file is
+    refused. Checked before any measuring, with check_destination."""
+    given = Path(path)
+    if not str(path).strip():
+        raise CalibrationError("cannot write to an empty path")
+    target = Path(os.path.realpath(given))
+    if target.exists() and not target.is_file() and not target.is_dir():
+        raise CalibrationError(f"cannot write {given}: it is not a regular file")
+    return target
+
+
 def write_atomic(path: str | Path, text: str) -> Path:
-    """Write `text` to a temporary file beside `path`, fsync it and rename it over `path` (all or nothing)."""
-    target = Path(path)
+    """Write `text` to a temporary file beside `path`, fsync it and rename it over `path` (all or nothing). A
+    symlink is written through (see output_target)."""
+    target = output_target(path)
     check_destination(target)
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")

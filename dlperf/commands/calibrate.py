@@ -4,6 +4,7 @@ times real training steps between the calibration's sweeps and compares dlperf's
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import click
 
 from dlperf.calibrate.calibration import BACKENDS, DEVICES, Calibration
-from dlperf.commands.common import EXIT_NO, warn, wrote
+from dlperf.commands.common import EXIT_NO, Count, Finite, PlotPath, warn, wrote
 from dlperf.errors import CalibrationError
 from dlperf.report import FORMATS, render, to_json
 from dlperf.units import format_quantity
@@ -19,6 +20,8 @@ from dlperf.units import format_quantity
 # A used fit whose points scatter more than this (median relative residual) is reported as noisy: half of
 # --check's default tolerance, so that noise alone could not fail the check.
 NOISY_FIT = 0.10
+# More threads than 4 per core only oversubscribes the machine (and --threads 100000 exhausted it, issue #15).
+MAX_THREADS = 4 * (os.cpu_count() or 1)
 
 
 class Progress:
@@ -97,7 +100,8 @@ def _name_for(output: str | None, name: str | None) -> str:
 @click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
               help="Library that runs the kernels; auto = torch when installed, else numpy.")
 @click.option("--quick", is_flag=True, help="Fewer sizes and repeats (under a minute on a 2-core CPU).")
-@click.option("--threads", type=int, default=None, help="Threads for BLAS/OpenMP/torch (default: as configured).")
+@click.option("--threads", type=Count(1, MAX_THREADS), default=None,
+              help="Threads for BLAS/OpenMP/torch (default: as configured; at most 4 per core).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the calibrated hardware YAML here (atomically).")
 @click.option("--name", default=None, help="Hardware name in the YAML (default: the output file's stem).")
@@ -106,12 +110,12 @@ def _name_for(output: str | None, name: str | None) -> str:
                    "loopback level with --comm or --check, else the built-in cpu-local).")
 @click.option("--comm", "with_comm", is_flag=True,
               help="Also time gloo collectives between 2 local processes (torch) for the network level.")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+@click.option("--plot", type=PlotPath(), default=None,
               help="Save measured-vs-fitted curves to this image (PNG, SVG or PDF).")
 @click.option("--check", is_flag=True,
               help="Also time real training steps in torch between the sweeps (MLP, CNN, transformer; MLP with "
                    "dp=2) and compare them with dlperf's predictions from the calibrated file.")
-@click.option("--tolerance", type=float, default=0.20, show_default=True,
+@click.option("--tolerance", type=Finite(0, low_open=True), default=0.20, show_default=True,
               help="--check fails when a model's |relative error| exceeds this.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="Output format.")
@@ -128,7 +132,7 @@ def calibrate(ctx: click.Context, device: str, backend: str, quick: bool, thread
 
     for destination in (output, plot):  # before minutes of timing, not after
         if destination:
-            hwfile.check_destination(destination)
+            hwfile.check_destination(hwfile.output_target(destination))
     if network_from:
         network.template_levels(network_from)  # an unknown template, too
 
@@ -162,7 +166,8 @@ def calibrate(ctx: click.Context, device: str, backend: str, quick: bool, thread
         extra = {**extra, **result.stamp()}
     if output:
         hwfile.write_hardware(output, cal, _name_for(output, name), levels, extra)
-        wrote(output)
+        linked = Path(output).is_symlink()
+        wrote(output + (f" (through the symlink, to {hwfile.output_target(output)})" if linked else ""))
     elif fmt == "table":
         click.echo("(no hardware file written: pass -o FILE)", err=True)
     if plot:
@@ -227,7 +232,7 @@ def _run_check(hw: Any, measured: dict[str, Any], comm: Any, quick: bool, tolera
 @click.option("--quick", is_flag=True, help="Fewer message sizes and repeats.")
 @click.option("--update", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Replace the network of this hardware YAML with the fitted loopback level (atomically).")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Save time-vs-size fits to this image.")
+@click.option("--plot", type=PlotPath(), default=None, help="Save time-vs-size fits to this image.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="Output format.")
 def comm_cmd(quick: bool, update: str | None, plot: str | None, fmt: str) -> None:

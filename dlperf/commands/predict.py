@@ -7,11 +7,21 @@ from typing import Any
 
 import click
 
-from dlperf.commands.common import exit_unless_fits, format_option, parse_sets, set_option, wrote
+from dlperf.commands.common import (
+    Count,
+    Finite,
+    PlotPath,
+    exit_unless_fits,
+    format_option,
+    parse_sets,
+    set_option,
+    wrote,
+)
 from dlperf.report import render, to_json
 
 DTYPE_CHOICES = click.Choice(["fp32", "tf32", "fp16", "bf16", "fp8"])
-POSITIVE = click.IntRange(min=1)
+POSITIVE = Count(1, 2**20)     # degrees and device counts: at most dlperf.plan.MAX_DEVICES
+BATCH = Count(1, 2**40)        # samples: at most dlperf.plan.MAX_BATCH
 
 
 def plan_options(fn: Callable) -> Callable:
@@ -33,16 +43,16 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--ep-overlap", is_flag=True,
                      help="Hide expert all-to-alls behind an adjacent micro-batch's compute (Megatron-Core's "
                           "combined 1F1B, --overlap-moe-expert-parallel-comm; DeepSeek-V3's DualPipe pairing)."),
-        click.option("--moe-imbalance", type=click.FloatRange(min=1), default=None,
+        click.option("--moe-imbalance", type=Finite(1, 1000), default=None,
                      help="Tokens of the busiest expert-parallel rank over the mean (default 1.25, Switch "
                           "Transformer's capacity factor)."),
-        click.option("--global-batch", type=POSITIVE, default=None, help="Samples per step over all replicas."),
-        click.option("--micro-batch", type=POSITIVE, default=None, help="Samples per micro-batch per replica."),
+        click.option("--global-batch", type=BATCH, default=None, help="Samples per step over all replicas."),
+        click.option("--micro-batch", type=BATCH, default=None, help="Samples per micro-batch per replica."),
         click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
                      show_default=True, help="Pipeline schedule."),
         click.option("--virtual-stages", type=POSITIVE, default=1, show_default=True,
                      help="Model chunks per device for the interleaved schedule."),
-        click.option("--zero", type=click.IntRange(0, 3), default=0, show_default=True,
+        click.option("--zero", type=Count(0, 3), default=0, show_default=True,
                      help="ZeRO stage (sharded data parallelism; 3 = FSDP)."),
         click.option("--recompute", type=click.Choice(["none", "selective", "full", "except_last"]),
                      default="none",
@@ -60,11 +70,11 @@ def plan_options(fn: Callable) -> Callable:
                      help="Gradient compression: none, fp16, int8, 1bit, terngrad, qsgd:S, topk:FRACTION."),
         click.option("--consistency", type=click.Choice(["sync", "ssp", "async"]), default="sync",
                      show_default=True, help="Synchronous, stale-synchronous or asynchronous SGD."),
-        click.option("--staleness", type=click.IntRange(min=0), default=0, show_default=True,
+        click.option("--staleness", type=Count(0, 2**20), default=0, show_default=True,
                      help="SSP staleness bound."),
         click.option("--hybrid-fc", is_flag=True,
                      help="Krizhevsky's 'one weird trick': data-parallel convolutions, model-parallel FC layers."),
-        click.option("--parameter-server", type=click.IntRange(min=0), default=0, show_default=True,
+        click.option("--parameter-server", type=Count(0, 2**20), default=0, show_default=True,
                      help="Use N sharded parameter servers instead of allreduce (0 = allreduce)."),
         click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam"]), default="adam",
                      show_default=True, help="Optimizer update rule."),
@@ -127,11 +137,13 @@ def _check_interleaving(plan: Any) -> None:
                         found=plan.global_batch)
 
 
-def _load(model_name: str, hardware: str, sets: tuple[str, ...]) -> tuple[Any, Any]:
+def _load(model_name: str, hardware: str, sets: tuple[str, ...], numbers: bool = True) -> tuple[Any, Any]:
+    """The model and hardware; with `numbers`, a model with symbolic (null) params is refused up front."""
     from dlperf.spec.hardware import load_hardware
-    from dlperf.spec.model import load_model
+    from dlperf.spec.model import load_model, require_numbers
 
-    return load_model(model_name, parse_sets(sets)), load_hardware(hardware)
+    model = load_model(model_name, parse_sets(sets))
+    return (require_numbers(model) if numbers else model), load_hardware(hardware)
 
 
 @click.command("predict")
@@ -144,7 +156,7 @@ def _load(model_name: str, hardware: str, sets: tuple[str, ...]) -> tuple[Any, A
 @click.option("--full", is_flag=True,
               help="With --symbolic: keep every kernel's max(compute, memory) instead of the bound that holds at the "
                    "plan's micro-batch.")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a breakdown bar chart.")
+@click.option("--plot", type=PlotPath(), default=None, help="Write a breakdown bar chart.")
 @format_option
 def predict(model: str, hardware: str, sets: tuple[str, ...], symbolic: bool, latex: bool, full: bool,
             plot: str | None, fmt: str, **opts: Any) -> None:
@@ -154,7 +166,7 @@ def predict(model: str, hardware: str, sets: tuple[str, ...], symbolic: bool, la
 
     if (latex or full) and not symbolic:
         raise click.UsageError(f"--{'latex' if latex else 'full'} only changes the --symbolic view; add --symbolic")
-    spec, hw = _load(model, hardware, sets)
+    spec, hw = _load(model, hardware, sets)  # the --symbolic view substitutes a numeric prediction too
     plan, notes = build_plan(spec, hw, opts)
     if symbolic:
         from dlperf.engine.step import StepModel
@@ -234,7 +246,7 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
 @click.argument("hardware")
 @set_option
 @click.option("--gpus", "devices", type=POSITIVE, required=True, help="Number of devices.")
-@click.option("--global-batch", type=POSITIVE, required=True, help="Samples per step.")
+@click.option("--global-batch", type=BATCH, required=True, help="Samples per step.")
 @click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's).")
 @format_option
 def compare(model: str, hardware: str, sets: tuple[str, ...], devices: int, global_batch: int, dtype: str | None,

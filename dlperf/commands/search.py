@@ -6,8 +6,18 @@ from typing import Any
 
 import click
 
-from dlperf.commands.common import EXIT_NO, exit_unless_fits, format_option, set_option, warn, wrote
-from dlperf.commands.predict import DTYPE_CHOICES, _load, build_plan, plan_options
+from dlperf.commands.common import (
+    EXIT_NO,
+    Count,
+    Finite,
+    PlotPath,
+    exit_unless_fits,
+    format_option,
+    set_option,
+    warn,
+    wrote,
+)
+from dlperf.commands.predict import BATCH, DTYPE_CHOICES, _load, build_plan, plan_options
 from dlperf.report import render, to_json
 
 BREAKDOWN_COLUMNS = ["compute/forward", "compute/backward", "compute/recompute", "comm/tp", "comm/ep", "comm/cp",
@@ -28,11 +38,18 @@ def _degrees(option: str, text: str) -> tuple[int, ...]:
 
 
 def _memory_option(text: str | None) -> float | None:
+    """--max-memory with its unit: a bare '40' would be read as 40 bytes, which nobody means."""
     if text is None:
         return None
+    from dlperf.errors import DlperfError, SpecError
     from dlperf.units import parse_quantity
 
-    return parse_quantity(text, "bytes")
+    if not any(c.isalpha() for c in text):
+        raise SpecError(field="--max-memory", expected="a size with its unit such as '40 GiB'", found=text)
+    try:
+        return parse_quantity(text, "bytes")
+    except DlperfError as err:
+        raise err.located(field="--max-memory") from None
 
 
 @click.command("search")
@@ -42,16 +59,16 @@ def _memory_option(text: str | None) -> float | None:
 @click.option("--gpus", "devices", required=True,
               help="Number of devices to plan for, or a range/list (512..4096 = powers of two; 64,128,256) to "
                    "find the best device count.")
-@click.option("--global-batch", type=click.IntRange(min=1), required=True, help="Samples per step over all replicas.")
-@click.option("--top", type=click.IntRange(min=1), default=5, show_default=True,
+@click.option("--global-batch", type=BATCH, required=True, help="Samples per step over all replicas.")
+@click.option("--top", type=Count(1, 10_000), default=5, show_default=True,
               help="How many of the best plans to show.")
-@click.option("--max-step-time", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--max-step-time", type=Finite(0, low_open=True), default=None,
               help="Time budget: drop plans slower than this many seconds per step (with --objective cost, the "
                    "cheapest plan that meets it).")
 @click.option("--max-memory", default=None, help="Per-device memory cap, e.g. '40 GiB' (default: the device's).")
 @click.option("--objective", type=click.Choice(["time", "cost"]), default="time", show_default=True,
               help="Rank by step time, or by cost per step (device-hours x price; also tries fewer devices).")
-@click.option("--max-micro-batch", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--max-micro-batch", type=BATCH, default=8, show_default=True,
               help="Largest power-of-two micro-batch tried (the whole per-replica batch is always tried).")
 @click.option("--uneven-stages", is_flag=True,
               help="Also try pipeline depths that do not divide the layer count (slower: balanced partition).")
@@ -142,14 +159,14 @@ def _no_plan(result: Any, fmt: str) -> None:
               show_default=True, help="How each point parallelizes (best = full plan search per point).")
 @click.option("--weak/--strong", default=False, show_default=True,
               help="Weak: fixed per-device batch. Strong: fixed global batch.")
-@click.option("--global-batch", type=click.IntRange(min=1), default=None,
+@click.option("--global-batch", type=BATCH, default=None,
               help="Strong: the global batch (default 32 x largest count). Weak: the batch at the first count "
                    "(default 32 per device).")
-@click.option("--micro-batch", type=click.IntRange(min=1), default=None,
+@click.option("--micro-batch", type=BATCH, default=None,
               help="Largest micro-batch per replica for data/model/pipeline; bigger per-replica batches use "
                    "gradient accumulation (default 32; pipeline: global batch / (4 x GPUs)).")
 @click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's).")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+@click.option("--plot", type=PlotPath(), default=None,
               help="Write the scaling figure (.png, .svg or .pdf).")
 @format_option
 def sweep(model: str, hardware: str, sets: tuple[str, ...], gpus: str, strategy: str, weak: bool,
@@ -187,7 +204,7 @@ def _warn_sweep(result: Any) -> None:
 @click.argument("hardware")
 @set_option
 @plan_options
-@click.option("--step", type=click.FloatRange(min=0, min_open=True, max=1), default=0.10, show_default=True,
+@click.option("--step", type=Finite(0, 1, low_open=True), default=0.10, show_default=True,
               help="Relative change applied to each hardware constant (0.10 = +10%).")
 @format_option
 def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: str, **opts: Any) -> None:

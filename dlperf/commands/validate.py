@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from dlperf.commands.common import format_option, wrote
+from dlperf.commands.common import Finite, PlotPath, format_option, wrote
 from dlperf.report import render, to_json
 
 ROW_COLUMNS = ("id", "source", "unit", "measured", "predicted", "error_pct", "evidence", "tags")
@@ -21,9 +21,9 @@ PENDING_COLUMNS = ("id", "source", "model", "hardware", "unit", "measured", "wai
 @click.option("--tag", "tags", multiple=True, metavar="TAG",
               help="Only rows carrying this tag (repeatable; all given tags must match), e.g. --tag llm-hybrid.")
 @format_option
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+@click.option("--plot", type=PlotPath(), default=None,
               help="Write a log-log parity plot (predicted vs measured, ±10% and ±25% bands) to this PNG.")
-@click.option("--max-error", type=float, default=None, metavar="PERCENT",
+@click.option("--max-error", type=Finite(0), default=None, metavar="PERCENT",
               help="Exit with status 1 when the overall mean absolute error exceeds PERCENT.")
 def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, ...], fmt: str,
              plot: str | None, max_error: float | None) -> None:
@@ -49,6 +49,7 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
         result_rows,
         select,
         summary,
+        unscorable,
     )
 
     rows, pending = load_all(files or None)
@@ -83,7 +84,15 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
     if plot:
         parity_plot(results, plot)
         wrote(plot)
-    if max_error is not None and mean_abs_error(results) > max_error:
+    if max_error is None:
+        return
+    missing = unscorable(results)
+    if missing:
+        names = ", ".join(r.row.id for r in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        click.echo(f"{len(missing)} row(s) could not be scored (no finite prediction): {names}; --max-error fails",
+                   err=True)
+        sys.exit(1)
+    if mean_abs_error(results) > max_error:
         click.echo(f"mean absolute error {mean_abs_error(results):.1f}% exceeds --max-error {max_error:g}%", err=True)
         # sys.exit, not click's Exit: with standalone_mode=False click returns Exit's code instead of exiting.
         sys.exit(1)

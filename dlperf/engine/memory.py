@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlperf import mathx
 from dlperf.engine.layers import element_bytes
 from dlperf.engine.stage import StageCost
 from dlperf.ops.fp8 import WEIGHT_COPY_BYTES
@@ -51,8 +52,11 @@ def model_state_bytes(params: Any, plan: Plan, dtype: str) -> dict[str, Any]:
 
 def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], dtype: str,
                micro_batches_in_flight: float) -> dict[str, Any]:
-    """The largest stage's memory (the first stage holds the most in-flight activations under 1F1B)."""
-    first = stages[0]
+    """Memory of the fullest device: the most parameters of any stage, and the most activations any stage
+    holds. Under 1F1B stage s keeps min(m, pp - s) micro-batches (the first the most), under GPipe all m; a
+    stage with one huge layer can hold more than the first even so, so every stage is counted (issue #15:
+    a 698 TiB attention layer on the last of 4 stages was reported as 260 KiB that fits). When the two maxima
+    fall on different stages their sum is an upper bound."""
     states = _states(max(stages, key=lambda s: s.params), plan, dtype)
     if plan.recompute in ("full", "except_last"):
         # keep each block's input; during backward one block's full activations are rebuilt at a time
@@ -60,9 +64,10 @@ def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], 
         # parallelism (tensor parallelism alone replicates them)
         shard = (plan.tp if plan.sequence_parallel else 1) * plan.cp
         acts = _block_inputs(model, plan, dtype) * plan.micro / shard * micro_batches_in_flight
-        acts += first.saved_bytes / max(_blocks_in_stage(model, plan), 1)
+        acts += max(s.saved_bytes for s in stages) / max(_blocks_in_stage(model, plan), 1)
     else:
-        acts = first.saved_bytes * micro_batches_in_flight
+        acts = mathx.maximum(*(s.saved_bytes * _stage_in_flight(plan, i, micro_batches_in_flight)
+                               for i, s in enumerate(stages)))
     buffers = DDP_BUFFER_BYTES if plan.data_parallel > 1 else 0
     allocated = sum(states.values()) + acts + buffers
     reserved = runtime_reserve(hw, allocated)
@@ -87,6 +92,14 @@ def _states(stage: StageCost, plan: Plan, dtype: str) -> dict[str, Any]:
                               plan.with_(dp=plan.data_parallel * plan.cp, cp=1, ep=1), dtype)
     experts = model_state_bytes(stage.expert_params, plan.with_(dp=plan.expert_data_parallel, cp=1, ep=1), dtype)
     return {k: dense[k] + experts[k] for k in dense}
+
+
+def _stage_in_flight(plan: Plan, stage: int, first: Any) -> Any:
+    """Micro-batches stage `stage` holds at once, given the first stage's count (Narayanan et al. 2021, 2.2.1:
+    1F1B's stage s warms up with pp - s forward passes)."""
+    if stage == 0 or plan.schedule == "gpipe":
+        return first
+    return mathx.minimum(first, plan.pp - stage)
 
 
 def _blocks(model: Model) -> list[Any]:

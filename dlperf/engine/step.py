@@ -98,6 +98,7 @@ class StepModel:
         self._splits: dict[tuple, list] = {}
         self._p2p: dict[tuple, Any] = {}
         self._dp: dict[tuple, tuple[Any, Any]] = {}
+        self._work: dict[tuple, list[tuple[float, float, float]]] = {}
 
     def stages(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
         """(every stage's cost, the slowest stage, the most parameters on one device, the largest activation
@@ -107,12 +108,63 @@ class StepModel:
         if key not in self._stages and plan.hybrid_fc:
             part = self._hybrid_fc(plan, dtype, e)
             self._stages[key] = ([part], part, part.params, 0)
-        if key not in self._stages:
-            nodes = self._partition(plan, dtype, e)
-            stages = [self._cost_of(n, plan, dtype, e) for n in nodes]
-            boundary = max((numel(out_shape(n[-1], self.model.input_shape)) for n in nodes[:-1]), default=0)
-            self._stages[key] = (stages, max(stages, key=lambda s: s.total), max(s.params for s in stages), boundary)
-        return self._stages[key]
+        if key not in self._stages and (plan.pp == 1 or uniform_partition(self.model, plan.pp) is not None):
+            self._stages[key] = self._staged(self._partition(plan, dtype, e), plan, dtype, e)
+        if key in self._stages:
+            return self._stages[key]
+        # a balanced partition is chosen for the whole plan (it weighs communication, see _balanced)
+        if plan not in self._stages:
+            self._stages[plan] = self._balanced(plan, dtype, e)
+        return self._stages[plan]
+
+    def _staged(self, nodes: list[list[Any]], plan: Plan, dtype: str, e: int,
+                cost: Any = None) -> tuple[list[StageCost], StageCost, Any, Any]:
+        stages = [(cost or self._cost_of)(n, plan, dtype, e) for n in nodes]
+        boundary = max((numel(out_shape(n[-1], self.model.input_shape)) for n in nodes[:-1]), default=0)
+        return stages, max(stages, key=lambda s: s.total), max(s.params for s in stages), boundary
+
+    def _balanced(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
+        """The pipeline split of a model without a uniformly divisible repeated block: of the contiguous splits
+        that balance a fixed family of hardware-independent unit weights (FLOPs + lambda x bytes moved, with
+        and without each unit's parameters, for lambda spanning the FLOP-per-byte ratios of real devices), the
+        one with the shortest step. A split balanced by this hardware's compute time (torchgpipe's balance by
+        time) moved every fully connected layer of a VGG onto one stage once compute got faster, and that
+        stage's gradient traffic made the step slower on faster hardware (issue #15); a minimum over a family
+        that does not depend on the hardware cannot get slower when the hardware gets faster, since no split
+        in it does."""
+        pieces = units(self.model)
+        if (plan.micro, e) not in self._work:
+            self._work[(plan.micro, e)] = [_unit_work(u, plan.micro, e) for u in pieces]
+        work = self._work[(plan.micro, e)]
+        best, best_step = None, None
+        tried = set()
+        # A range's cost is the sum of its units' (stage_cost adds use by use, and tp_uses walks each unit from an
+        # unsharded input: equal to pricing the range whole up to float rounding), so a candidate costs additions.
+        cost = self._summed_cost
+        for flops_per_byte, flops_per_param in BALANCE_WEIGHTS:
+            costs = tuple(f + flops_per_byte * b + flops_per_param * p for f, b, p in work)
+            if (costs, plan.pp) not in self._splits:
+                self._splits[(costs, plan.pp)] = balanced_partition(list(costs), plan.pp)
+            split = tuple(self._splits[(costs, plan.pp)])
+            if split in tried:
+                continue
+            tried.add(split)
+            staged = self._staged([pieces[i:j] for i, j in split], plan, dtype, e, cost)
+            step = float(self._combine(plan, dtype, e, staged, plan.micro_batches, plan.virtual_stages, False)[0])
+            if best_step is None or step < best_step:
+                best, best_step = split, step
+        return self._staged([pieces[i:j] for i, j in best], plan, dtype, e, cost)
+
+    def _summed_cost(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
+        key = ("summed", tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype,
+               plan.tp_overlap, *_ep_cp_key(plan))
+        if key not in self._cost:
+            parts = [self._cost_of([node], plan, dtype, e) for node in nodes]
+            total = parts[0]
+            for part in parts[1:]:
+                total = total + part
+            self._cost[key] = total
+        return self._cost[key]
 
     def _cost_of(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
         key = (tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap,
@@ -147,17 +199,10 @@ class StepModel:
         return whole
 
     def _partition(self, plan: Plan, dtype: str, e: int) -> list[list[Any]]:
-        """Megatron's uniform split over the repeated block where it applies, else balanced by time."""
+        """One stage, or Megatron's uniform split over the repeated block (see _balanced for the rest)."""
         if plan.pp == 1:
             return [list(self.model.root.items)]
-        stages = uniform_partition(self.model, plan.pp)
-        if stages is not None:
-            return stages
-        pieces = units(self.model)
-        unit_costs = tuple(float(self._cost_of([u], plan, dtype, e).total) for u in pieces)
-        if (unit_costs, plan.pp) not in self._splits:
-            self._splits[(unit_costs, plan.pp)] = balanced_partition(list(unit_costs), plan.pp)
-        return [pieces[i:j] for i, j in self._splits[(unit_costs, plan.pp)]]
+        return uniform_partition(self.model, plan.pp)
 
     def timeline(self, plan: Plan) -> Timeline:
         validate(plan, heads=self.heads, layers=self.layers)
@@ -194,7 +239,11 @@ class StepModel:
         if plan.fp8_param_gather and dtype != "fp8":
             raise PlanError("--fp8-param-gather needs FP8 training (--dtype fp8)", found=dtype)
         e = element_bytes(dtype)
-        stages, slow, params, boundary = self.stages(plan, dtype, e)
+        return self._combine(plan, dtype, e, self.stages(plan, dtype, e), m, v)
+
+    def _combine(self, plan: Plan, dtype: str, e: int, staged: tuple[list[StageCost], StageCost, Any, Any], m: Any,
+                 v: Any, with_memory: bool = True) -> tuple[Any, dict[str, Any], dict[str, Any], StageCost, str, int]:
+        stages, slow, params, boundary = staged
         ep_fwd, ep_bwd = _ep_exposed(plan, slow, m)
         share = recompute_share(plan, m)
         recompute = slow.recompute * share
@@ -205,7 +254,7 @@ class StepModel:
         t_fwd = mathx.maximum(device_fwd, slow.host_fwd)
         t_bwd = mathx.maximum(device_bwd, slow.host_bwd + slow.host_recompute * share)
         busy, bubble, p2p = schedule_time(t_fwd, t_bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v)
-        dp_total, dp_exposed = _dp_with_micro_batches(self._dp_time(plan, slow, dtype), m)
+        dp_total, dp_exposed = self._dp_over_stages(plan, stages, dtype, m)
         fp8_params = params * self.fp8_share if dtype == "fp8" else 0
         optimizer = _optimizer_time_split(self.hw, plan, params, max(stages, key=lambda s: s.params).expert_params,
                                           fp8_params)
@@ -225,7 +274,7 @@ class StepModel:
             "optimizer": optimizer,
         }
         flight = in_flight(plan.schedule, m, plan.pp, v) + (1 if plan.ep_overlap else 0)  # the paired micro-batch
-        memory = mem.per_device(self.model, self.hw, plan, stages, dtype, flight)
+        memory = mem.per_device(self.model, self.hw, plan, stages, dtype, flight) if with_memory else {}
         return step + optimizer, breakdown, memory, slow, dtype, staleness
 
     def _p2p_time(self, plan: Plan, e: int, boundary: Any) -> Any:
@@ -233,6 +282,16 @@ class StepModel:
         if key not in self._p2p:
             self._p2p[key] = _p2p_time(boundary, self.hw, plan, e, self.comm)
         return self._p2p[key]
+
+    def _dp_over_stages(self, plan: Plan, stages: list[StageCost], dtype: str, m: Any) -> tuple[Any, Any]:
+        """(total, exposed) data-parallel communication of the step: every stage synchronises its own
+        parameters with its own replicas at the same time, so the step waits for the slowest of them, which
+        need not be the stage slowest to compute (a VGG's fully connected stage holds 99% of the parameters:
+        pricing only the slowest-computing stage's made faster compute pick a different stage and a 480x
+        larger allreduce, issue #15)."""
+        distinct = list({id(s): s for s in stages}.values())
+        parts = [_dp_with_micro_batches(self._dp_time(plan, s, dtype), m) for s in distinct]
+        return mathx.maximum(*(t for t, _ in parts)), mathx.maximum(*(x for _, x in parts))
 
     def _dp_time(self, plan: Plan, slow: StageCost, dtype: str) -> tuple[Any, Any, Any, Any]:
         key = (id(slow), plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
@@ -274,6 +333,29 @@ def memory_note(memory: dict[str, Any], hw: Hardware) -> str:
     need, have, reserve = float(memory["total"]), hw.device.memory, float(memory["reserved"])
     return (f"DOES NOT FIT: needs {q(need, 'bytes')} per device (runtime reserve {q(reserve, 'bytes')} included), the "
             f"{hw.device.name} has {q(have, 'bytes')} ({q(need - have, 'bytes')} over)")
+
+
+# Weights of the hardware-independent balancing family (see StepModel._balanced): a unit's FLOPs plus its bytes
+# moved times a FLOP-per-byte ratio, on a geometric grid from 1 to 1024 that brackets machine balances (peak
+# FLOP/s over memory bandwidth from the datasheets: P40 fp32 ~35, P100 fp16 ~29, V100 fp16 ~139, A100 fp16 ~153,
+# H100 fp16 ~295 FLOP/B), and a few that add the unit's parameters times FLOPs per parameter, so that stages
+# also balance the gradient traffic data parallelism sends.
+BALANCE_WEIGHTS = ((0.0, 0.0), *((float(2**k), 0.0) for k in range(11)),
+                   *((r, p) for r in (16.0, 128.0) for p in (1e4, 1e6)))
+
+
+def _unit_work(unit: Any, micro: int, e: int) -> tuple[float, float, float]:
+    """(forward+backward FLOPs, bytes moved, parameters) of one pipeline unit for a micro-batch."""
+    from dlperf.ops import OPS
+    from dlperf.spec.model import walk
+
+    flops = moved = params = 0.0
+    for layer, count in walk(unit, 1):
+        for kernel in OPS[layer.op].kernels(layer, micro, e):
+            flops += count * float(kernel.cost.work)
+            moved += count * float(kernel.cost.fwd_bytes + kernel.cost.bwd_bytes)
+        params += count * float(layer.params)
+    return flops, moved, params
 
 
 def _head_start(items: list[Any]) -> int:

@@ -25,6 +25,7 @@ Set both to 0 for a device where nothing is reserved (`memory_reserved: 0 B`, `m
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,19 +220,30 @@ def _quantity(node: dict, key: str, kind: str, file: str, where: str) -> float:
 
 
 def _positive_int(node: dict, key: str, file: str, where: str) -> int:
+    from dlperf.plan import MAX_DEVICES
+
     value = node[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(
-            expected="a positive integer", found=value, file=file, line=line_of(node, key),
-            field=field_name(where, key),
-        )
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEVICES:
+        limit = f" of at most {MAX_DEVICES:,} (dlperf.plan.MAX_DEVICES)" if isinstance(value, int) and value > 1 else ""
+        raise SpecError(expected=f"a positive integer{limit}", found=value, file=file, line=line_of(node, key),
+                        field=field_name(where, key))
     return value
 
 
 def _fraction(value: Any, file: str, line: int | None, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise SpecError(expected="a number in (0, 1]", found=value, file=file, line=line, field=where)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1 or \
+            (isinstance(value, float) and value < 1e-6):
+        raise SpecError(expected="a number in [1e-6, 1]", found=value, file=file, line=line, field=where)
     return float(value)
+
+
+def _finite(value: int | float) -> float:
+    """NaN and infinity, and an integer too large for a float, as infinity (which every bound rejects)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return math.inf
+    return number if not math.isnan(number) else math.inf
 
 
 def _text(node: dict, key: str, file: str, where: str) -> str:
@@ -382,8 +394,9 @@ def _network(node: Any, file: str) -> tuple[NetworkLevel, ...]:
 def hardware_from_dict(data: Any, file: str) -> Hardware:
     check_keys(data, _TOP_KEYS, file, "", required=("name", "device", "network"))
     price = data.get("price_per_device_hour")
-    if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float)) or price <= 0):
-        raise SpecError(expected="a positive number (USD)", found=price, file=file,
+    if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float))
+                              or not 0 < _finite(price) <= 1e9):
+        raise SpecError(expected="a positive number (USD, finite, at most 1e9)", found=price, file=file,
                         line=line_of(data, "price_per_device_hour"), field="price_per_device_hour")
     calibration = data.get("calibration", {})
     if not isinstance(calibration, dict):

@@ -23,6 +23,13 @@ FLOAT_ATTRS = ("p", "eps", "dropout")
 FACTOR_ATTRS = ("capacity_factor",)  # a number >= 1 (null: off)
 CHOICE_ATTRS = {"algorithm": ("auto", "direct", "im2col", "winograd", "fft")}
 MAX_REPEAT = 10**6
+# Work budgets checked while building (issue #15). The largest built-in model has 966 layer instances, 198
+# pipeline units and builds ~400 layer entries; 16 blocks each calling the previous one 10 times would build
+# 10^16 of them, and nested repeats of 10^6 would give the pipeline stager 10^12 units.
+MAX_ENTRIES = 100_000      # layer entries built (a block is built once per call site, not per repeat)
+MAX_UNITS = 10_000         # layer instances once repeats are unrolled (what pipeline staging cuts between)
+MAX_STACKED = 1_000        # `layers:` of one recurrent op
+PAIR_ATTRS = ("kernel", "stride", "padding", "dilation", "output")
 
 
 def _cached_hash(node: Any, key: tuple) -> int:
@@ -120,6 +127,7 @@ class _Ctx:
     file: str
     blocks: dict[str, Any]
     depth: int = 0
+    built: list[int] = field(default_factory=lambda: [0])  # shared by nested contexts: entries built so far
 
 
 def load_model(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Model:
@@ -156,10 +164,25 @@ def _read_with_base(name_or_path: str, seen: tuple[str, ...]) -> tuple[Any, str]
     base, _ = _read_with_base(base_name, (*seen, name_or_path))
     merged = dict(base)
     merged.update({k: v for k, v in data.items() if k not in ("params", "base")})
-    params = dict(base.get("params") or {})
-    params.update(data.get("params") or {})
+    params = dict(_param_map(base, file))
+    params.update(_param_map(data, file))
     merged["params"] = params
     return merged, file
+
+
+def _param_map(data: dict, file: str) -> dict:
+    node = data.get("params") or {}
+    if not isinstance(node, dict):
+        raise SpecError(expected="a mapping of names to integers", found=node, file=file,
+                        line=line_of(data, "params"), field="params")
+    return node
+
+
+def unit_count(node: Node) -> int:
+    """Layer instances with every repeat unrolled, computed without unrolling (MAX_UNITS bounds it)."""
+    if isinstance(node, Seq):
+        return node.repeat * sum(unit_count(item) for item in node.items)
+    return 1
 
 
 def model_from_dict(data: Any, file: str, overrides: dict[str, Any]) -> Model:
@@ -175,6 +198,10 @@ def model_from_dict(data: Any, file: str, overrides: dict[str, Any]) -> Model:
         raise SpecError(expected="a mapping of block names", found=blocks, file=file, line=line_of(data, "blocks"),
                         field="blocks")
     root = _sequence(data["layers"], input_shape, params, _Ctx(file, blocks), "layers", 1)
+    if unit_count(root) > MAX_UNITS:
+        raise SpecError(f"the model unrolls to {unit_count(root):,} layers (repeats multiplied out)",
+                        expected=f"at most {MAX_UNITS:,} (the limit model.MAX_UNITS)", file=file,
+                        line=line_of(data, "layers"), field="layers")
     return Model(
         name=str(data["name"]), description=str(data.get("description", "")), source=str(data.get("source", "")),
         path=file, input_shape=input_shape, dtype=dtype, params=params, root=root,
@@ -198,8 +225,10 @@ def _params(node: Any, overrides: dict[str, Any], file: str) -> dict[str, Any]:
             raise SpecError(f"--set {name}", expected="a positive integer", found=value, file=file)
     env: dict[str, Any] = {}
     for name, raw in node.items():
-        if not isinstance(name, str) or not name.isidentifier():
-            raise SpecError(expected="an identifier", found=name, file=file, line=line_of(node, name), field="params")
+        if not isinstance(name, str) or not name.isidentifier() or not name.isascii():
+            # ASCII only: Python folds identifiers by NFKC, so a full-width 'ｈ' would alias 'h' in expressions
+            raise SpecError(expected="an ASCII identifier", found=name, file=file, line=line_of(node, name),
+                            field="params")
         value = overrides.get(name, raw)
         env[name] = _param_value(name, value, env, file, line_of(node, name))
     return env
@@ -222,13 +251,15 @@ def _param_value(name: str, value: Any, env: dict[str, Any], file: str, line: in
 def _evaluate(value: Any, env: dict[str, Any]) -> Any:
     if isinstance(value, bool):
         return value
-    if isinstance(value, int):
-        return value
     if isinstance(value, str):
         return expr.evaluate(value, env)
     if isinstance(value, float) and value.is_integer():
-        return int(value)
-    raise SpecError(expected="an integer or an expression", found=value)
+        value = int(value)
+    if isinstance(value, int):
+        if abs(value) > expr.MAX_INT:
+            raise SpecError(expected="a whole number of at most 2**53 (expr.MAX_INT)", found=value)
+        return value
+    raise SpecError(expected="a whole number or an expression", found=value)
 
 
 def _shape(node: Any, env: dict[str, Any], file: str, line: int | None, where: str) -> tuple[Any, ...]:
@@ -253,10 +284,20 @@ def _sequence(node: Any, shape: tuple, env: dict, ctx: _Ctx, where: str, line: i
     items = []
     for index, entry in enumerate(node):
         item_where, item_line = f"{where}[{index}]", line_of(node, index)
+        ctx.built[0] += 1
+        if ctx.built[0] > MAX_ENTRIES:
+            raise SpecError(f"building the model takes more than {MAX_ENTRIES:,} layer entries (blocks calling "
+                            "blocks)", expected=f"at most {MAX_ENTRIES:,} (the limit model.MAX_ENTRIES)",
+                            file=ctx.file, line=item_line, field=item_where)
         try:
             item = _entry(entry, shape, env, ctx, item_where, item_line)
         except DlperfError as err:
             raise err.located(file=ctx.file, line=item_line, field=item_where) from None
+        except (TypeError, ValueError, ArithmeticError) as err:
+            # a value of a type no rule checks (a list where a name belongs, a symbol where a number must be):
+            # still one located line, never a traceback
+            raise SpecError(f"cannot build this layer ({type(err).__name__}: {err})", file=ctx.file,
+                            line=item_line, field=item_where) from None
         shape = out_shape(item, shape)
         items.append(item)
     return Seq(tuple(items))
@@ -297,7 +338,7 @@ def _repeat(entry: dict, env: dict, ctx: _Ctx, where: str, line: int | None) -> 
 def _block_call(entry: dict, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int | None) -> Seq:
     check_keys(entry, ("block", "repeat", "args", "name"), ctx.file, where)
     name = entry["block"]
-    if name not in ctx.blocks:
+    if not isinstance(name, str) or name not in ctx.blocks:
         hint = closest(str(name), ctx.blocks)
         raise SpecError(f"unknown block {name!r}" + (f" (did you mean {hint!r}?)" if hint else ""), file=ctx.file,
                         line=line, field=f"{where}.block", expected="one of " + ", ".join(ctx.blocks))
@@ -308,12 +349,14 @@ def _block_call(entry: dict, shape: tuple, env: dict, ctx: _Ctx, where: str, lin
     local = dict(env)
     defaults = block.get("args") or {}
     given = entry.get("args") or {}
+    check_keys(defaults, [k for k in defaults if isinstance(k, str) and k.isidentifier() and k.isascii()],
+               ctx.file, f"blocks.{name}.args")
     check_keys(given, list(defaults), ctx.file, f"{where}.args")
     for arg, default in defaults.items():
         raw = given.get(arg, default)
         local[arg] = _evaluate(raw, {**env, **{k: v for k, v in local.items() if k in defaults}})
     repeat = _repeat(entry, env, ctx, where, line)
-    inner = _sequence(block["layers"], shape, local, _Ctx(ctx.file, ctx.blocks, ctx.depth + 1),
+    inner = _sequence(block["layers"], shape, local, _Ctx(ctx.file, ctx.blocks, ctx.depth + 1, ctx.built),
                       f"blocks.{name}.layers", line_of(block, "layers"))
     _check_repeatable(inner, shape, repeat, where)
     return Seq(inner.items, repeat, str(entry.get("name", name)))
@@ -327,7 +370,7 @@ def _check_repeatable(seq: Seq, shape: tuple, repeat: int, where: str) -> None:
 
 def _branches(paths: list, merge: Any, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int | None,
               name: str, identity: bool = False) -> Branches:
-    if merge not in MERGE_OPS:
+    if not isinstance(merge, str) or merge not in MERGE_OPS:
         raise SpecError(expected="merge: " + " | ".join(MERGE_OPS), found=merge, file=ctx.file, line=line,
                         field=f"{where}.merge")
     seqs = [_sequence(p, shape, env, ctx, f"{where}.path{i}", line) for i, p in enumerate(paths)]
@@ -354,7 +397,7 @@ def _merge_shape(merge: str, ends: list[tuple]) -> tuple:
 
 def _op_layer(entry: dict, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int | None) -> Node:
     op = entry["op"]
-    if op not in OPS or op in MERGE_OPS:
+    if not isinstance(op, str) or op not in OPS or op in MERGE_OPS:
         names = [o for o in OPS if o not in MERGE_OPS]
         hint = closest(str(op), names)
         raise SpecError(f"unknown op {op!r}" + (f" (did you mean {hint!r}?)" if hint else ""), file=ctx.file,
@@ -413,10 +456,14 @@ def _attr(op: str, key: str, raw: Any, default: Any, env: dict, ctx: _Ctx, where
         if key == "padding" and raw == "same":
             return raw
         if isinstance(raw, list):
-            if len(raw) != 2:
-                raise SpecError(expected="an integer or a pair [h, w]", found=raw)
+            if key not in PAIR_ATTRS or len(raw) != 2:
+                raise SpecError(expected="an integer or a pair [h, w]" if key in PAIR_ATTRS else "one integer",
+                                found=raw)
             return [_count(op, key, v, env) for v in raw]
-        return _count(op, key, raw, env)
+        value = _count(op, key, raw, env)
+        if key == "layers" and isinstance(value, int) and value > MAX_STACKED:
+            raise SpecError(expected=f"at most {MAX_STACKED} stacked layers (model.MAX_STACKED)", found=raw)
+        return value
     except DlperfError as err:
         raise err.located(file=ctx.file, line=line, field=field_where) from None
 
@@ -444,3 +491,14 @@ def _fill_derived(op: str, attrs: dict, shape: tuple) -> None:
     attrs["kv_heads"] = attrs["kv_heads"] or attrs["heads"]
     attrs["kv_seq"] = attrs["kv_seq"] or seq
     attrs["out"] = attrs["out"] or width
+
+
+def require_numbers(model: Model) -> Model:
+    """A model whose params are all known: `params: {h: null}` keeps shapes symbolic for `dlperf show`; a
+    prediction (also `--symbolic`, whose view substitutes the numeric one for communication) needs each such
+    param given with --set."""
+    for name, value in model.params.items():
+        if not isinstance(value, int):
+            raise SpecError(f"params.{name} is symbolic; give --set {name}=...",
+                            file=model.path)
+    return model

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,11 @@ from typing import Any
 import yaml
 
 from dlperf.errors import DlperfError, SpecError
+
+# Budgets checked before the work they bound (issue #15): the largest built-in file is ~20 KB and the largest
+# document ~3,000 nodes, so these leave two orders of magnitude for hand-written files.
+MAX_FILE_BYTES = 4 * 2**20
+MAX_NODES = 200_000  # YAML nodes after alias expansion: `&a [*b, *b, ...]` nested 9 deep is 10^9 of them
 
 
 class LineDict(dict):
@@ -55,10 +62,55 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
 
 
+def _expanded_size(root: yaml.Node) -> int:
+    """Nodes the document has once every alias is expanded, counted on the node graph without expanding it
+    (an aliased subtree is counted once per use, computed once); a recursive alias counts as too many."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children = _children(node)
+        if done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = min(1 + sum(sizes[id(c)] for c in children), MAX_NODES + 1)
+            continue
+        if id(node) in open_nodes:
+            return MAX_NODES + 1  # an alias inside its own anchor: infinite when expanded
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        for child in children:
+            if id(child) in open_nodes:
+                return MAX_NODES + 1
+            stack.append((child, False))
+    return sizes[id(root)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
 def load_yaml_text(text: str, file: str) -> Any:
-    """Parse YAML text; syntax errors become one located SpecError."""
+    """Parse YAML text; syntax errors become one located SpecError. A document that expands (through
+    aliases) to more than MAX_NODES nodes is refused before anything is built from it."""
     try:
-        return yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+        loader = _LineLoader(text)
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                return None
+            if _expanded_size(root) > MAX_NODES:
+                raise SpecError(f"the document expands to more than {MAX_NODES:,} YAML nodes (aliases included)",
+                                expected=f"at most {MAX_NODES:,} nodes (the limit yamlio.MAX_NODES)")
+            return loader.construct_document(root)
+        finally:
+            loader.dispose()
     except DlperfError as err:
         raise err.located(file=file) from None
     except yaml.MarkedYAMLError as err:
@@ -69,14 +121,40 @@ def load_yaml_text(text: str, file: str) -> Any:
         raise SpecError(f"YAML error: {err}", file=file) from None
 
 
-def load_yaml_file(path: Path) -> Any:
+def read_text_file(path: Path | str, limit: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most `limit` bytes, checked before reading: a directory, a
+    device (/dev/zero), a FIFO (which would block) or a huge file gets one SpecError naming the limit."""
+    name = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        info = os.stat(path)
     except FileNotFoundError:
-        raise SpecError("file not found", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise SpecError(f"cannot read file: {err}", file=str(path)) from None
-    return load_yaml_text(text, str(path))
+        raise SpecError("file not found", file=name) from None
+    except (OSError, ValueError) as err:
+        raise SpecError(f"cannot read file: {_os_reason(err)}", file=name) from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "a device, FIFO or socket"
+        raise SpecError(expected="a regular file", found=kind, file=name)
+    if info.st_size > limit:
+        raise SpecError(f"the file has {info.st_size:,} bytes", expected=f"at most {limit:,} bytes", file=name)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as err:
+        raise SpecError(f"cannot read file: {_os_reason(err)}", file=name) from None
+    if len(data) > limit:  # it grew after the check
+        raise SpecError(expected=f"at most {limit:,} bytes", found="a larger file", file=name)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SpecError(f"not UTF-8 text (byte {err.start})", file=name) from None
+
+
+def _os_reason(err: Exception) -> str:
+    return getattr(err, "strerror", None) or type(err).__name__
+
+
+def load_yaml_file(path: Path) -> Any:
+    return load_yaml_text(read_text_file(path), str(path))
 
 
 def line_of(node: Any, key: Any = None) -> int | None:
