@@ -239,5 +239,5 @@ def test_cli_set_flash_switch(run) -> None:  # noqa: ANN001 - the conftest fixtu
     assert json.loads(on)["memory"]["activations"] < json.loads(off)["memory"]["activations"]
     code, _, err = run(*base, "--set", "flash=2")
     assert code == 2 and "flash" in err and "true or false" in err and len(err.strip().splitlines()) == 1
-    code, _, err = run(*base, "--set", "layers=true")
+    code, _, err = run(*base[:3], "--set", "layers=true", *base[5:])  # (a name given twice is its own error)
     assert code == 2 and "positive integer" in err
