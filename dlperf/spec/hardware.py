@@ -280,8 +280,11 @@ def _curve(curve: Any, cls: str, file: str, here: str) -> Efficiency:
         kind = "bytes" if cls in ("memory", "transcendental") else "flops"
         half = _quantity(curve, "half", kind, file, here)
     startup = _startup(curve, file, here) if "startup" in curve else None
-    if cls in ("matmul", "attention", "attention_fa3") and "half" not in curve and startup is None:
-        startup = DEFAULT_EFFICIENCY["matmul"][2]  # a file that gives only the peak keeps the default t0
+    if "half" not in curve and startup is None:  # a file that gives only the peak keeps the default t0
+        if cls in ("matmul", "attention", "attention_fa3"):
+            startup = DEFAULT_EFFICIENCY["matmul"][2]
+        elif cls == "memory":
+            startup = DEFAULT_EFFICIENCY["memory"][2]
     tile = _tile(curve, file, here) if "tile" in curve else None
     overhead = _positive_int(curve, "tile_overhead_k", file, here) if "tile_overhead_k" in curve else 128
     return Efficiency(peak, half, str(curve.get("source", "")), startup, tile, overhead)
