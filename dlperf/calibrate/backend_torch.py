@@ -54,30 +54,73 @@ def device_sms(torch: Any, device: str) -> int | None:
     return int(torch.cuda.get_device_properties(0).multi_processor_count) if device == "cuda" else None
 
 
-def dispatch_times(torch: Any, device: str, ops: int = 200, rounds: int = 7) -> tuple[float, float]:
-    """Host seconds per kernel an eager step spends issuing forward ops (Python, dispatcher, autograd recording,
-    the launch call) and backward ops (the autograd engine): a chain of `ops` one-element multiplies that
-    autograd records, timed on the host clock without waiting for the device, median of `rounds`. The engine's
-    host-bound passes use these (spec/hardware.py DEFAULT_DISPATCH)."""
+def dispatch_times(torch: Any, device: str, layers: int = 16, rounds: int = 7) -> tuple[float, float]:
+    """Host seconds per engine-counted kernel launch that an eager step spends issuing the forward pass (Python,
+    modules, dispatcher, autograd recording, launch calls) and the backward pass (the autograd engine).
+
+    Times the check transformer's layer (dlperf.calibrate.check_nets.Layer: pre-LN attention and MLP) at a width
+    of 8, where the kernels do next to nothing, `layers` deep, on the host clock without waiting for the device;
+    divides by the launches dlperf counts for one such layer (its spec, check_models/transformer.yaml), so views,
+    reshapes and module calls that launch no kernel are included in what each launch costs (median of `rounds`).
+    The engine's host-bound passes use these (spec/hardware.py DEFAULT_DISPATCH)."""
     import statistics
+
+    from dlperf.calibrate import check_nets
+
+    model = torch.nn.Sequential(*(check_nets.Layer(8, 2, 32) for _ in range(layers))).to(device)
+    x = torch.randn(1, 8, 8, device=device, requires_grad=True)
+    fwd_launches, bwd_launches = _layer_launches()
+    forward, backward = [], []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread issues the kernels; intra-op threads only add wake-ups to tiny ops
+    try:
+        _time_passes(torch, device, model, x, rounds, forward, backward)
+    finally:
+        torch.set_num_threads(threads)
+    return (statistics.median(forward) / (layers * fwd_launches),
+            statistics.median(backward) / (layers * bwd_launches))
+
+
+def _time_passes(torch: Any, device: str, model: Any, x: Any, rounds: int, forward: list[float],
+                 backward: list[float]) -> None:
+    """Host seconds of `rounds` forward and backward passes, after two warm-up rounds."""
     import time
 
-    x = torch.ones(1, device=device, requires_grad=True)
-    forward, backward = [], []
-    for _ in range(rounds + 1):  # the first round warms the allocator and autograd's caches
+    for round_ in range(rounds + 2):
         start = time.perf_counter()
-        y = x
-        for _ in range(ops):
-            y = y * 1.0001
+        y = model(x).sum()
         middle = time.perf_counter()
         y.backward()
         end = time.perf_counter()
         if device == "cuda":
             torch.cuda.synchronize()
-        forward.append((middle - start) / ops)
-        backward.append((end - middle) / ops)
+        if round_ >= 2:  # the first rounds warm the allocator and autograd's caches
+            forward.append(middle - start)
+            backward.append(end - middle)
+        model.zero_grad(set_to_none=True)
         x.grad = None
-    return statistics.median(forward[1:]), statistics.median(backward[1:])
+
+
+def _layer_launches() -> tuple[int, int]:
+    """(forward, backward) kernel launches dlperf counts for one check-transformer layer: the spec with two
+    layers minus the spec with one."""
+    from dlperf.calibrate import check_nets
+    from dlperf.ops import OPS
+    from dlperf.spec.model import load_model
+
+    def launches(layers: int) -> tuple[int, int]:
+        sizes = {"hidden": 8, "heads": 2, "ffn": 32, "seq": 8, "vocab": 8, "layers": layers}
+        forward = backward = 0
+        for layer, count in load_model(check_nets.spec_path("transformer"), sizes).counted():
+            for kernel in OPS[layer.op].kernels(layer, 1, 4):
+                c = kernel.cost
+                forward += count * (kernel.launches if c.fwd_flops or c.fwd_bytes else 0)
+                bwd_work = c.bwd_data_flops + c.bwd_weight_flops or c.bwd_bytes
+                backward += count * (kernel.backward_launches if bwd_work else 0)
+        return forward, backward
+
+    one, two = launches(1), launches(2)
+    return two[0] - one[0], two[1] - one[1]
 
 
 def cuda_sampler(torch: Any) -> Sampler:
