@@ -162,7 +162,8 @@ def parity_chart(results: Sequence[Any], path: str | None = None, columns: int =
     fig = _figure(figsize=(4.2 * cols, 4.0 * rows + 0.8))
     axes = fig.subplots(rows, cols, squeeze=False).flat
     sources = list(dict.fromkeys(s for panel in data.values() for s in panel["source"]))
-    colors = {s: f"C{i % 10}" for i, s in enumerate(sources)}
+    # one (colour, marker) pair per source: ten colours, then the same colours with another marker
+    colors = {s: (f"C{i % 10}", "os^Dv"[(i // 10) % 5]) for i, s in enumerate(sources)}
     handles: dict[str, Any] = {}
     for ax, (unit, panel) in zip(axes, data.items(), strict=False):
         _parity_panel(ax, unit, panel, colors, handles)
@@ -174,7 +175,7 @@ def parity_chart(results: Sequence[Any], path: str | None = None, columns: int =
     return _maybe_save(fig, path, 120)
 
 
-def _parity_panel(ax: Any, unit: str, panel: dict[str, list[Any]], colors: dict[str, str],
+def _parity_panel(ax: Any, unit: str, panel: dict[str, list[Any]], colors: dict[str, tuple[str, str]],
                   handles: dict[str, Any]) -> None:
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
@@ -189,7 +190,7 @@ def _parity_panel(ax: Any, unit: str, panel: dict[str, list[Any]], colors: dict[
     for source in dict.fromkeys(panel["source"]):
         mine = [i for i, s in enumerate(panel["source"]) if s == source]
         dots = ax.scatter([panel["measured"][i] for i in mine], [panel["predicted"][i] for i in mine], s=16,
-                          color=colors[source], zorder=3)
+                          color=colors[source][0], marker=colors[source][1], zorder=3)
         handles.setdefault(source, dots)
     ax.set_xscale("log")
     ax.set_yscale("log")
