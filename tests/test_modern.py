@@ -178,12 +178,13 @@ def test_fp8_param_gather_halves_the_zero_gather() -> None:
        st.sampled_from(["allgather", "reduce_scatter"]), st.sampled_from([2, 4, 8]))
 def test_overlap_hides_at_most_the_gemm_and_is_never_free(comm: float, gemm_s: float, phase: str, op: str,
                                                           tp: int) -> None:
-    shown, slowdown = exposed([(op, comm)], gemm_s, phase, tp)
+    shown, slowdown = exposed([(op, comm)], gemm_s, phase, tp, sms=132)
     assert 0 < shown <= comm                                  # at least one chunk stays exposed
     window = gemm_s / 2 if phase == "bwd" and op == "reduce_scatter" else gemm_s
     assert shown >= comm - window - 1e-18
     assert slowdown == (pytest.approx(window * 16 / (132 - 16)) if op == "reduce_scatter" else 0.0)
-    assert rs_slowdown(132) == rs_slowdown(None) == 16 / 116 and rs_slowdown(108) == 16 / 92
+    assert rs_slowdown(132) == 16 / 116 and rs_slowdown(108) == 16 / 92
+    assert rs_slowdown(None) == 0.0  # no SM count in the hardware file: no contention, as for NCCL channels
 
 
 def test_tp_overlap_shrinks_exposed_tp_comm_but_costs_compute() -> None:

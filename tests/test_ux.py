@@ -315,3 +315,13 @@ def test_readme_documents_the_cpu_only_torch_install():
     text = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
     assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in text
     assert "jupyter lab notebooks/" in text and "pip install '.[notebooks]'" in text
+
+
+def test_filled_in_degrees_keep_the_micro_batch_and_recomputation_given(run):
+    """Leaving the degrees out fills in dp/tp/pp only: a --micro-batch or --recompute the user gave stays."""
+    code, out, _ = run("predict", "llama2-7b", "dgx-a100", "--gpus", "64", "--global-batch", "512",
+                       "--micro-batch", "2", "--recompute", "full", "--format", "json")
+    import json
+
+    plan = json.loads(out)["plan"]
+    assert code == 0 and plan["micro_batch"] == 2 and plan["recompute"] == "full"

@@ -45,7 +45,7 @@ import numpy as np
 from dlperf import mathx
 from dlperf.comm.collectives import CommError
 from dlperf.comm.topology import RAILS, Placed
-from dlperf.spec.hardware import DEFAULT_CHANNELS, Hardware, link_kind
+from dlperf.spec.hardware import Hardware, link_kind
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 
@@ -160,7 +160,7 @@ def _channels(placed: Placed, derived: float) -> float:
     spans (a level's `channels`, sourced from NCCL logs), else the Simple busBw over the bandwidth NCCL's search
     gives one channel (topo.h), within 1..MAXCHANNELS."""
     spanned = placed.placement.spanned or (0,)
-    given = [placed.levels[j].channels for j in reversed(spanned) if placed.levels[j].channels != DEFAULT_CHANNELS]
+    given = [placed.levels[j].channels for j in reversed(spanned) if placed.levels[j].channels is not None]
     return float(given[0]) if given else min(float(MAX_CHANNELS), max(1.0, derived))
 
 

@@ -19,17 +19,20 @@ def _try(model: Any, hw: Any, plan: Plan) -> Any:
 
 
 def hybrid_candidates(model: Any, hw: Any, base: Plan) -> list[Plan]:
-    """tp inside a node (powers of two), pp over what is left, recomputation off or full."""
+    """tp inside a node (powers of two), pp over what is left; the micro-batch and recomputation the user gave
+    are kept, and only what was left out is searched (micro-batch 1 with pipelining, as Megatron-LM defaults;
+    recomputation none, selective or full)."""
     node = hw.network[0].size or 1
     n = base.devices
+    recomputes = (base.recompute,) if base.recompute != "none" else ("none", "selective", "full")
     plans = []
     for tp in (d for d in _divisors(n) if d <= node and d & (d - 1) == 0):
         for pp in _divisors(n // tp):
             dp = n // (tp * pp)
             if base.global_batch % dp:
                 continue
-            micro = 1 if pp > 1 else None
-            for recompute in ("none", "full"):
+            micro = base.micro_batch if base.micro_batch is not None else (1 if pp > 1 else None)
+            for recompute in recomputes:
                 plans.append(base.with_(tp=tp, pp=pp, dp=dp, micro_batch=micro, recompute=recompute))
     return plans
 

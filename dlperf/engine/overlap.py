@@ -23,16 +23,19 @@ from typing import Any
 from dlperf import mathx
 
 # TE initialize_ub default_cfg: "num_sm": 1 if method == "ring_exchange" else 16; "num_splits": tp_size for
-# ring_exchange, 4 for pipeline. A device without an SM count in its hardware file is taken as an H100 SXM
-# (132 SMs, NVIDIA H100 architecture whitepaper, as hardware/dgx-h100.yaml).
-RS_SMS, H100_SMS = 16, 132
+# ring_exchange, 4 for pipeline. These 16 SMs are Transformer Engine's userbuffers, a mechanism of their own;
+# NCCL collectives overlapped with compute take their `channels` instead (engine/step.py _overlap_contention).
+# A device without an SM count in its hardware file gets no contention, as there.
+RS_SMS = 16
 PIPELINE_SPLITS = 4
 
 
 def rs_slowdown(sms: int | None) -> float:
-    """Extra GEMM time while a reduce-scatter holds 16 SMs: 16 / (132 - 16) = 13.8% on an H100."""
-    total = sms or H100_SMS
-    return RS_SMS / (total - RS_SMS) if total > RS_SMS else 1.0
+    """Extra GEMM time while a reduce-scatter holds 16 SMs: 16 / (132 - 16) = 13.8% on an H100 (0 when the
+    hardware file gives no SM count)."""
+    if sms is None:
+        return 0.0
+    return RS_SMS / (sms - RS_SMS) if sms > RS_SMS else 1.0
 
 
 def exposed(parts: list[tuple[str, Any]], gemm_time: Any, phase: str, tp: int,

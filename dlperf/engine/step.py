@@ -22,7 +22,7 @@ from dlperf.ops.base import numel
 from dlperf.ops.fp8 import FP8 as FP8_BYTES
 from dlperf.ops.fp8 import WEIGHT_CAST_BYTES, fp8_layers
 from dlperf.plan import Plan, validate
-from dlperf.spec.hardware import Hardware
+from dlperf.spec.hardware import DEFAULT_CHANNELS, Hardware
 from dlperf.spec.model import Model, out_shape
 
 DDP_BUCKET_BYTES = mem.DDP_BUCKET_BYTES
@@ -408,7 +408,7 @@ def _overlap_contention(hw: Hardware, span: int) -> float:
     if hw.device.sms is None:
         return 0.0
     level = hw.network[_level_for_stride(hw, max(span - 1, 1))]
-    return min(level.channels / hw.device.sms, 1.0)
+    return min((level.channels or DEFAULT_CHANNELS) / hw.device.sms, 1.0)
 
 
 def _level_for_stride(hw: Hardware, stride: int) -> int:

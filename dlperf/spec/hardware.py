@@ -164,7 +164,7 @@ class NetworkLevel:
     links_per_domain: int | None = None
     # SMs an NCCL collective over this level occupies (one CTA per channel, never shared with compute kernels:
     # sjeaugey, NVIDIA/nccl#689); compute overlapped with it runs on the rest. Default: NCCL's minimum of 2.
-    channels: int = DEFAULT_CHANNELS
+    channels: int | None = None  # None: not given (overlap charges DEFAULT_CHANNELS; NCCL derives its own)
     # NCCL's link class for this level's per-hop latencies (tuning.cc hwLat: NVLINK, PCI, NET); None = derived
     # by link_kind(): the innermost level is NVLink unless its name says PCIe, every outer level is NET.
     link: str | None = None
@@ -387,7 +387,7 @@ def _network(node: Any, file: str) -> tuple[NetworkLevel, ...]:
             latency=_quantity(level, "latency", "time", file, where),
             efficiency=_fraction(eff, file, line_of(level, "efficiency"), field_name(where, "efficiency")),
             links_per_domain=links,
-            channels=_positive_int(level, "channels", file, where) if "channels" in level else DEFAULT_CHANNELS,
+            channels=_positive_int(level, "channels", file, where) if "channels" in level else None,
             link=link,
             nvls_bandwidth=nvls,
         ))
