@@ -94,7 +94,7 @@ def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
 
 def test_builtin_dataset_loads_with_unique_ids_and_known_units():
     rows, pending = load_dataset(), load_pending()
-    assert (len(rows), len(pending)) == (287, 112)
+    assert (len(rows), len(pending)) == (303, 96)
     assert len({r.id for r in [*rows, *pending]}) == len(rows) + len(pending)
     assert {r.unit for r in [*rows, *pending]} <= set(UNITS)
     assert all(r.citation for r in [*rows, *pending])
@@ -425,12 +425,49 @@ def test_cnn_and_bert_data_parallel_rows_within_15_percent(results):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "MPT/FSDP MAE 51.3% over 131 rows, every row too fast (+5..+137%; llm-foundry H100 63.5%, A100 80GB 37.3%): "
-    "GEMMs and FlashAttention run at the MAMF ceiling (0.869 A100, 0.803 H100) where MPT measured 40-60% MFU, the "
-    "error grows as the model shrinks (A100 125M +58..+61%, 13-30B +5..+58%: small kernels have no fixed cost) and "
-    "on H100, and FSDP's all-gathers are hidden behind compute (comm/dp_allreduce < 1 ms)"))
+    "MPT/FSDP MAE 45.0% over 138 rows, all but one too fast (-2..+95%; llm-foundry H100 BF16 48.7%, H100 FP8 "
+    "53.3%, A100 80GB 39.9%): GEMMs and FlashAttention run at the MAMF ceiling (0.869 A100, 0.803 H100) where MPT "
+    "measured 40-60% MFU, the error grows as the model shrinks (small kernels have no fixed cost) and on H100, and "
+    "FSDP's all-gathers are hidden behind compute (comm/dp_allreduce < 1 ms)"))
 def test_fsdp_llm_rows_within_10_percent(results):
     assert mae(results, "llm-fsdp") <= 10.0
+
+
+# Issue 14's acceptance: new public rows within 15%, FP8 and MoE rows within 20%, each row. Every new scored row
+# is an FP8 run (Megatron-Bridge H100 Llama 3 and DeepSeek-V3, llm-foundry's H100 FP8 table), so 20% applies to
+# all of them; no new row runs in BF16.
+ISSUE14_FP8_MOE_TOLERANCE_PCT = 20.0
+
+
+def test_megatron_bridge_fp8_and_moe_rows_within_20_percent(results):
+    # Llama 3 8B/70B/405B (FSDP; TP+PP+VP with TP overlap; + CP 2) and DeepSeek-V3 (EP 64) on DGX-H100, FP8.
+    chosen = [r for r in results if r.row.source == "megatron-bridge-perf"]
+    assert len(chosen) == 9
+    worst = max(chosen, key=lambda r: abs(r.error_pct))
+    assert abs(worst.error_pct) <= ISSUE14_FP8_MOE_TOLERANCE_PCT, (worst.row.id, worst.error_pct)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "llm-foundry H100 FP8 (MPT-1B/3B, 8 GPUs, FSDP): MAE 53.3%, every row too fast (+40..+65%). The FP8 term is "
+    "not what is wrong: the same configurations in BF16 are +41..+63% too fast, and the FP8/BF16 throughput ratio "
+    "is predicted within -6..+7% of the measured one (test below). The miss is the BF16 FSDP baseline: GEMMs and "
+    "FlashAttention at the H100 MAMF ceiling where these small models measured 29-46% MFU in BF16"))
+def test_llmfoundry_fp8_rows_within_20_percent(results):
+    chosen = [r for r in results if r.row.source == "llmfoundry-h100-fp8"]
+    assert len(chosen) == 7
+    assert max(abs(r.error_pct) for r in chosen) <= ISSUE14_FP8_MOE_TOLERANCE_PCT
+
+
+def test_llmfoundry_fp8_over_bf16_speedup_within_20_percent(results):
+    # The five llm-foundry H100 configurations published in both BF16 and FP8 with the same model, sequence,
+    # GPUs, micro-batch and checkpointing: the measured FP8 speedup (1.00-1.35x) against the predicted one.
+    by_id = {r.row.id: r for r in results}
+    pairs = ["3b-s32768-g8-mb3", "3b-s8192-g8-mb3", "3b-s512-g8-mb40", "1b-s32768-g8-mb1", "1b-s512-g8-mb56"]
+    for tail in pairs:
+        fp8, bf16 = by_id[f"llmfoundry-h100-fp8-{tail}"], by_id[f"llmfoundry-h100-{tail}"]
+        assert fp8.row.plan == Plan(**{**bf16.row.plan.__dict__, "dtype": "fp8"})
+        measured, predicted = fp8.row.value / bf16.row.value, fp8.predicted / bf16.predicted
+        assert abs(predicted / measured - 1.0) * 100.0 <= ISSUE14_FP8_MOE_TOLERANCE_PCT, (tail, measured, predicted)
 
 
 def test_korthikanti_rows_within_10_percent(results):
