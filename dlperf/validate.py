@@ -62,8 +62,10 @@ ROW_KEYS = ("id", "source", "where", "evidence", "tags", "model", "set", "hardwa
 ROW_REQUIRED = ("id", "source", "where", "evidence", "model", "hardware", "plan", "measured")
 MEASURED_KEYS = ("value", "unit")
 PLAN_FIELDS = {f.name: f for f in fields(Plan)}
-_BOOL_FIELDS = ("sequence_parallel", "overlap", "hybrid_fc")
-_STR_FIELDS = ("schedule", "recompute", "compression", "consistency", "dtype", "optimizer", "grad_dtype")
+_BOOL_FIELDS = ("sequence_parallel", "overlap", "hybrid_fc", "tp_overlap", "fp8_param_gather", "ep_overlap")
+_STR_FIELDS = ("schedule", "recompute", "compression", "consistency", "dtype", "optimizer", "grad_dtype",
+               "cp_algorithm")
+_FLOAT_FIELDS = ("moe_imbalance",)
 
 
 @dataclass(frozen=True)
@@ -314,6 +316,9 @@ def _plan(node: dict, where: str, file: str) -> Plan:
             expected = "true or false"
         elif key in _STR_FIELDS:
             ok, expected = isinstance(value, str), "a name"
+        elif key in _FLOAT_FIELDS:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            expected = "a number"
         else:
             nullable = value is None and key in ("dp", "micro_batch")
             ok = nullable or (isinstance(value, int) and not isinstance(value, bool))

@@ -94,7 +94,7 @@ def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
 
 def test_builtin_dataset_loads_with_unique_ids_and_known_units():
     rows, pending = load_dataset(), load_pending()
-    assert (len(rows), len(pending)) == (287, 112)
+    assert (len(rows), len(pending)) == (303, 96)
     assert len({r.id for r in [*rows, *pending]}) == len(rows) + len(pending)
     assert {r.unit for r in [*rows, *pending]} <= set(UNITS)
     assert all(r.citation for r in [*rows, *pending])
@@ -170,7 +170,24 @@ BAD = [
     ("  - id: eight", "  - id: one", "duplicate row id"),
     ("devices: 8, dp: 8", "devices: 8, dp: 4", "dp*tp*pp must equal the device count"),
     ('    citation: "test fixture (not a measurement)"\n', '    citation: ""\n', "expected a citation"),
+    ("dp: 8, global_batch", "dp: 8, tp_overlap: 1, global_batch", "expected true or false"),
+    ("dp: 8, global_batch", "dp: 8, cp_algorithm: 2, global_batch", "expected a name"),
+    ("dp: 8, global_batch", "dp: 8, moe_imbalance: high, global_batch", "expected a number"),
 ]
+
+
+def test_megatron_bridge_rows_carry_the_recipe_settings():
+    # The settings the published table omits, read from the Megatron-Bridge performance recipes (see each note),
+    # reach the Plan through the loader's FP8 / overlap / context- and expert-parallel keys.
+    rows = {r.id: r for r in load_dataset()}
+    big = rows["mbridge-2602-llama31-405b-h100"].plan
+    assert (big.tp, big.pp, big.cp, big.virtual_stages, big.global_batch) == (8, 8, 2, 8, 1536)
+    assert (big.zero, big.sequence_parallel, big.tp_overlap, big.fp8_param_gather, big.dtype) == (1, True, True,
+                                                                                                  True, "fp8")
+    dsv3 = rows["mbridge-2509-deepseek-v3-h100"].plan
+    assert (dsv3.ep, dsv3.ep_overlap, dsv3.moe_imbalance, dsv3.overlap, dsv3.tp_overlap) == (64, True, 1.0, False,
+                                                                                             False)
+    assert rows["mbridge-2511-llama3-8b-h100"].plan.zero == 3
 
 
 @pytest.mark.parametrize(("old", "new", "message"), BAD)
@@ -426,12 +443,61 @@ def test_cnn_and_bert_data_parallel_rows_within_15_percent(results):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "MPT/FSDP MAE 44.4% over 131 rows (llm-foundry H100 48.4%, A100 80GB 39.8%), nearly every row too fast "
-    "(-2..+95%): measured MFU was 40-60% where dlperf runs the GEMMs on the microbenchmark curves and "
+    "MPT/FSDP MAE 44.8% over 138 rows (llm-foundry H100 BF16 48.4%, H100 FP8 52.8%, A100 80GB 39.8%), all but "
+    "one too fast (-2..+95%): measured MFU was 40-60% where dlperf runs the GEMMs on the microbenchmark curves and "
     "FlashAttention-2 at the top of its paper's range (0.73 on A100); the error grows as the model shrinks and the "
     "sequence grows, and FSDP's per-block all-gathers are hidden behind compute"))
 def test_fsdp_llm_rows_within_10_percent(results):
     assert mae(results, "llm-fsdp") <= 10.0
+
+
+# Issue 14's acceptance: new public rows within 15%, FP8 and MoE rows within 20%, each row. Every new scored row
+# is an FP8 run (Megatron-Bridge H100 Llama 3 and DeepSeek-V3, llm-foundry's H100 FP8 table), so 20% applies to
+# all of them; no new row runs in BF16.
+ISSUE14_FP8_MOE_TOLERANCE_PCT = 20.0
+
+
+def test_megatron_bridge_llama3_fp8_rows_within_20_percent(results):
+    # Llama 3 8B (FSDP), 70B (TP+PP+VP, TP overlap) and 405B (+ CP 2) on DGX-H100 in FP8, 8 rows.
+    chosen = [r for r in results if r.row.source == "megatron-bridge-perf" and r.row.model.startswith("llama3")]
+    assert len(chosen) == 8
+    worst = max(chosen, key=lambda r: abs(r.error_pct))
+    assert abs(worst.error_pct) <= ISSUE14_FP8_MOE_TOLERANCE_PCT, (worst.row.id, worst.error_pct)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DeepSeek-V3 on 1024 H100s (TP 2, PP 8, VP 4, EP 64, FP8, Megatron-Bridge 25.09): predicted 1569 tokens/s/GPU, "
+    "measured 1297, +21.0% (+8.9% before main's 12a3cf0, #15, which picks the pipeline split with the shortest "
+    "step). Term most likely "
+    "wrong: the expert-parallel all-to-all under ep_overlap, 21.3 s of dispatch/combine per step of which 5.7 s is "
+    "left exposed (73% hidden behind the other micro-batch) across 8 nodes; also not counted: the MTP layer and "
+    "the recomputation of mla_up_proj and mlp the recipe uses, and its uneven pipeline layout"))
+def test_megatron_bridge_deepseek_v3_moe_row_within_20_percent(results):
+    (row,) = [r for r in results if r.row.id == "mbridge-2509-deepseek-v3-h100"]
+    assert abs(row.error_pct) <= ISSUE14_FP8_MOE_TOLERANCE_PCT
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "llm-foundry H100 FP8 (MPT-1B/3B, 8 GPUs, FSDP): MAE 52.8%, every row too fast (+39..+65%). The FP8 term is "
+    "not what is wrong: the same configurations in BF16 are +41..+63% too fast, and the FP8/BF16 throughput ratio "
+    "is predicted within -6..+7% of the measured one (test below). The miss is the BF16 FSDP baseline: GEMMs and "
+    "FlashAttention at the H100 MAMF ceiling where these small models measured 29-46% MFU in BF16"))
+def test_llmfoundry_fp8_rows_within_20_percent(results):
+    chosen = [r for r in results if r.row.source == "llmfoundry-h100-fp8"]
+    assert len(chosen) == 7
+    assert max(abs(r.error_pct) for r in chosen) <= ISSUE14_FP8_MOE_TOLERANCE_PCT
+
+
+def test_llmfoundry_fp8_over_bf16_speedup_within_20_percent(results):
+    # The five llm-foundry H100 configurations published in both BF16 and FP8 with the same model, sequence,
+    # GPUs, micro-batch and checkpointing: the measured FP8 speedup (1.00-1.35x) against the predicted one.
+    by_id = {r.row.id: r for r in results}
+    pairs = ["3b-s32768-g8-mb3", "3b-s8192-g8-mb3", "3b-s512-g8-mb40", "1b-s32768-g8-mb1", "1b-s512-g8-mb56"]
+    for tail in pairs:
+        fp8, bf16 = by_id[f"llmfoundry-h100-fp8-{tail}"], by_id[f"llmfoundry-h100-{tail}"]
+        assert fp8.row.plan == Plan(**{**bf16.row.plan.__dict__, "dtype": "fp8"})
+        measured, predicted = fp8.row.value / bf16.row.value, fp8.predicted / bf16.predicted
+        assert abs(predicted / measured - 1.0) * 100.0 <= ISSUE14_FP8_MOE_TOLERANCE_PCT, (tail, measured, predicted)
 
 
 def test_korthikanti_rows_within_10_percent(results):
