@@ -187,3 +187,18 @@ def test_a_larger_gemm_is_never_faster(batch, m, n, k, grow, extra):
     bigger = dict(shape, **{grow: shape[grow] + extra})
     larger = seconds(bigger["batch"], bigger["m"], bigger["n"], bigger["k"])
     assert larger >= seconds(batch, m, n, k) * (1 - 1e-12)
+
+
+def test_a_slow_host_makes_the_pass_host_bound():
+    """max(device, host) per pass: with a host that needs 1 ms per kernel (a slow CPU, or a calibrated file),
+    the step waits for the host and the breakdown says so; with the default constants a GPU step does not."""
+    from dlperf.spec.hardware import load_hardware
+
+    model, hw = load_model("lenet5"), load_hardware("dgx-a100")
+    plan = Plan(global_batch=8)
+    fast = predict(model, hw, plan)
+    slow_host = replace(hw, device=replace(hw.device, dispatch_forward=1e-3, dispatch_backward=1e-3))
+    slow = predict(model, slow_host, plan)
+    assert fast.breakdown_s["overhead/host"] == 0.0
+    assert slow.breakdown_s["overhead/host"] > 0 and slow.step_time_s > fast.step_time_s
+    assert sum(slow.breakdown_s.values()) == pytest.approx(slow.step_time_s, rel=1e-12)
