@@ -125,9 +125,10 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
         rows = [{**r, f"cost_per_step ({unit})": r["cost_per_step"]} for r in rows]
     click.echo(render(rows, "table", columns=plan_cols, title=title))
     if rows:
-        short = [{"rank": r["rank"], **{k: r[k] for k in BREAKDOWN_COLUMNS}} for r in rows]
+        shown = [k for k in BREAKDOWN_COLUMNS if any(r[k] for r in rows)]  # a part no plan has is noise here
+        short = [{"rank": r["rank"], **{k: r[k] for k in shown}} for r in rows]
         click.echo("\nstep-time breakdown")
-        click.echo(render(short, "table", kinds=dict.fromkeys(BREAKDOWN_COLUMNS, "time")))
+        click.echo(render(short, "table", kinds=dict.fromkeys(shown, "time")))
 
 
 def _no_plan(result: Any, fmt: str) -> None:

@@ -128,7 +128,9 @@ class Device:
             return self.peak_flops[dtype]
         if dtype == "tf32" or dtype not in DTYPES:
             return self.peak_flops["fp32"]
-        raise SpecError(f"device {self.name} has no peak_flops for {dtype}", field="device.peak_flops")
+        listed = ", ".join(self.peak_flops)
+        raise SpecError(f"device {self.name} has no peak_flops for {dtype} (it lists {listed}: try --dtype with one "
+                        f"of them)", field="device.peak_flops")
 
     def eff(self, kernel_class: str, dtype: str | None = None) -> Efficiency:
         """The curve of a kernel class; a dtype whose kernels run on other units (fp32 on CUDA cores, tf32, fp8)
