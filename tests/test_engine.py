@@ -202,3 +202,15 @@ def test_a_slow_host_makes_the_pass_host_bound():
     assert fast.breakdown_s["overhead/host"] == 0.0
     assert slow.breakdown_s["overhead/host"] > 0 and slow.step_time_s > fast.step_time_s
     assert sum(slow.breakdown_s.values()) == pytest.approx(slow.step_time_s, rel=1e-12)
+
+
+def test_zero3_counts_the_gathered_working_set():
+    """ZeRO-3 holds two gathered blocks' parameters (computed + prefetched) and one block's full gradient: with
+    llama2-7b's 32 blocks in bf16 that is (2*2 + 2) bytes x params / 32 on top of the sharded states."""
+    from dlperf.spec.hardware import load_hardware
+
+    model, hw = load_model("llama2-7b"), load_hardware("dgx-a100")
+    plan = Plan(devices=8, dp=8, zero=3, global_batch=8, micro_batch=1, recompute="full")
+    r = predict(model, hw, plan)
+    assert r.memory["gathered"] == pytest.approx(model.total_params / 32 * 6, rel=0.02)
+    assert "gathered" not in predict(model, hw, plan.with_(zero=1)).memory

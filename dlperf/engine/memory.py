@@ -69,9 +69,21 @@ def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], 
         acts = mathx.maximum(*(s.saved_bytes * _stage_in_flight(plan, i, micro_batches_in_flight)
                                for i, s in enumerate(stages)))
     buffers = DDP_BUFFER_BYTES if plan.data_parallel > 1 else 0
+    if plan.zero >= 3 and plan.data_parallel > 1:
+        states["gathered"] = _zero3_working_set(model, plan, max(s.params for s in stages), dtype)
     allocated = sum(states.values()) + acts + buffers
     reserved = runtime_reserve(hw, allocated)
     return {**states, "activations": acts, "buffers": buffers, "reserved": reserved, "total": allocated + reserved}
+
+
+def _zero3_working_set(model: Model, plan: Plan, params: Any, dtype: str) -> Any:
+    """ZeRO-3 materialises a unit's full parameters to compute it: the unit being computed and the one being
+    prefetched (PyTorch FSDP's rate limiter allows two all-gathers in flight; Zhao et al. 2023, VLDB, section
+    3.3.2), and in backward that unit's full gradient before its reduce-scatter. Units are the stage's repeated
+    blocks (gather_units)."""
+    weight = element_bytes(dtype)
+    grad = element_bytes(plan.grad_dtype) if plan.grad_dtype else weight
+    return params / gather_units(model, plan) * (2 * weight + grad)
 
 
 def runtime_reserve(hw: Hardware, allocated: Any) -> Any:
