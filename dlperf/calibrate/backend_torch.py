@@ -113,10 +113,8 @@ def _layer_launches() -> tuple[int, int]:
         forward = backward = 0
         for layer, count in load_model(check_nets.spec_path("transformer"), sizes).counted():
             for kernel in OPS[layer.op].kernels(layer, 1, 4):
-                c = kernel.cost
-                forward += count * (kernel.launches if c.fwd_flops or c.fwd_bytes else 0)
-                bwd_work = c.bwd_data_flops + c.bwd_weight_flops or c.bwd_bytes
-                backward += count * (kernel.backward_launches if bwd_work else 0)
+                fwd, bwd = kernel.phase_launches
+                forward, backward = forward + count * fwd, backward + count * bwd
         return forward, backward
 
     one, two = launches(1), launches(2)

@@ -11,7 +11,6 @@ quantization"). Everything here works on floats and numpy arrays alike (mathx), 
 from __future__ import annotations
 
 import functools
-import math
 import numbers
 from typing import Any
 
@@ -76,23 +75,21 @@ def wave_quantization(batch: Any, m: Any, n: Any, k: Any, sms: int, tile: tuple[
         return _scalar_quantization(float(batch), float(m), float(n), float(k), sms, tile, overhead_k)
     if not all(_is_number(x) for x in (batch, m, n, k)):
         return 1.0
+    return _quantization(batch, m, n, k, sms, tile, overhead_k)
+
+
+SPLITS = (1, 2, 4, 8, 16)  # split-K factors considered (powers of two, as cuBLAS's split-K kernels use)
+
+
+def _quantization(batch: Any, m: Any, n: Any, k: Any, sms: int, tile: tuple[int, int], overhead_k: int) -> Any:
     tm, tn = tile
     tiles = batch * mathx.ceil(m / tm) * mathx.ceil(n / tn)
     best = mathx.minimum(*(mathx.ceil(tiles * s / sms) * (k / s + overhead_k) for s in SPLITS))
     return best * (tm * tn * sms) / (batch * m * n * k)
 
 
-SPLITS = (1, 2, 4, 8, 16)  # split-K factors considered (powers of two, as cuBLAS's split-K kernels use)
-
-
-@functools.lru_cache(maxsize=65536)
-def _scalar_quantization(batch: float, m: float, n: float, k: float, sms: int, tile: tuple[int, int],
-                         overhead_k: int) -> float:
-    """wave_quantization for plain numbers, memoised: search prices the same GEMMs for thousands of plans."""
-    tm, tn = tile
-    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
-    best = min(math.ceil(tiles * s / sms) * (k / s + overhead_k) for s in SPLITS)
-    return best * (tm * tn * sms) / (batch * m * n * k)
+# memoised for plain numbers: search prices the same GEMMs for thousands of plans
+_scalar_quantization = functools.lru_cache(maxsize=65536)(_quantization)
 
 
 def _is_number(x: Any) -> bool:
@@ -128,18 +125,14 @@ def kernel_times(kernel: Kernel, device: Device, dtype: str, divisor: Any = 1,
     `tp_dim` says which GEMM dimension the split divides when the kernel does not say itself."""
     c = kernel.cost
     q_fwd, q_bwd = gemm_quantization(kernel, device, dtype, divisor, kernel.tp_dim or tp_dim)
-    fwd = phase_time(c.fwd_flops / divisor, c.fwd_bytes / divisor, kernel.launches, kernel.cls, device, dtype,
-                     q_fwd)
-    bwd_flops = c.bwd_data_flops + c.bwd_weight_flops + kernel.bwd_recompute_flops
-    bwd_launches = 0 if mathx.is_zero(bwd_flops) and mathx.is_zero(c.bwd_bytes) else kernel.backward_launches
-    bwd = phase_time(bwd_flops / divisor, c.bwd_bytes / divisor, bwd_launches, kernel.cls, device, dtype, q_bwd)
+    fwd_launches, bwd_launches = kernel.phase_launches
+    fwd = phase_time(c.fwd_flops / divisor, c.fwd_bytes / divisor, fwd_launches, kernel.cls, device, dtype, q_fwd)
+    bwd = phase_time(kernel.bwd_flops / divisor, c.bwd_bytes / divisor, bwd_launches, kernel.cls, device, dtype,
+                     q_bwd)
     return fwd, bwd
 
 
 def dispatch_times(kernel: Kernel, device: Device) -> tuple[Any, Any]:
     """(forward, backward) host seconds to issue the kernel's launches (DEFAULT_DISPATCH in spec/hardware.py)."""
-    c = kernel.cost
-    bwd = 0 if mathx.is_zero(c.bwd_data_flops + c.bwd_weight_flops) and mathx.is_zero(c.bwd_bytes) else \
-        kernel.backward_launches
-    fwd = 0 if mathx.is_zero(c.fwd_flops) and mathx.is_zero(c.fwd_bytes) else kernel.launches
+    fwd, bwd = kernel.phase_launches
     return fwd * device.dispatch_forward, bwd * device.dispatch_backward

@@ -168,6 +168,8 @@ def _add_tp_comm(out: StageCost, use: Use, batch: Any, e: int, tp: int, recomput
         else:
             out.tp_comm_bwd, out.backward, out.host_bwd = out.tp_comm_bwd + comm, out.backward + slowdown, \
                 out.host_bwd + host
+
+
 def _cp_kernel(kernel: Kernel, divisor: Any) -> Kernel:
     """The kernel on one context-parallel rank: its FLOPs and bytes divided, and a GEMM's token rows m (for tile
     and wave quantization) with them; the launches stay."""

@@ -182,9 +182,7 @@ def _phase_factors(kernel: Any, quantization: tuple[Any, Any]) -> list[Any]:
 def _phases(kernel: Any) -> list[tuple[Any, Any, Any]]:
     """(FLOPs, bytes, launches) of the forward and backward phases that do any work."""
     c = kernel.cost
-    phases = [(c.fwd_flops, c.fwd_bytes, kernel.launches),
-              (c.bwd_data_flops + c.bwd_weight_flops + kernel.bwd_recompute_flops, c.bwd_bytes,
-               kernel.backward_launches)]
+    phases = [(c.fwd_flops, c.fwd_bytes, kernel.launches), (kernel.bwd_flops, c.bwd_bytes, kernel.backward_launches)]
     return [(f, b, n) for f, b, n in phases if f or b]
 
 

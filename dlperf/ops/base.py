@@ -74,6 +74,20 @@ class Kernel:
     def backward_launches(self) -> Any:
         return 2 * self.launches if self.bwd_launches is None else self.bwd_launches
 
+    @property
+    def bwd_flops(self) -> Any:
+        """FLOPs the backward kernels execute: both gradients and any forward work they redo."""
+        c = self.cost
+        return c.bwd_data_flops + c.bwd_weight_flops + self.bwd_recompute_flops
+
+    @property
+    def phase_launches(self) -> tuple[Any, Any]:
+        """(forward, backward) launches, counting only a phase that does any work."""
+        c = self.cost
+        fwd = 0 if mathx.is_zero(c.fwd_flops) and mathx.is_zero(c.fwd_bytes) else self.launches
+        bwd = 0 if mathx.is_zero(self.bwd_flops) and mathx.is_zero(c.bwd_bytes) else self.backward_launches
+        return fwd, bwd
+
 
 @dataclass(frozen=True)
 class OpRule:
