@@ -36,8 +36,7 @@ def model_state_bytes(params: Any, plan: Plan, dtype: str) -> dict[str, Any]:
     master weights and optimizer in higher precision) keeps bf16 weights and gradients, fp32 master weights and
     moments as mixed precision does, plus the cached FP8 copy of each weight and its transpose (dlperf.ops.fp8):
     2 + 2 + 12 + 2 = 18 bytes per parameter with Adam, against 16 for bf16."""
-    weight = element_bytes(dtype)
-    grad = element_bytes(plan.grad_dtype) if plan.grad_dtype else weight
+    weight, grad = _weight_and_grad_bytes(plan, dtype)
     dp = plan.data_parallel
     shard = {k: (dp if plan.zero >= level else 1) for k, level in (("opt", 1), ("grad", 2), ("weight", 3))}
     states = {
@@ -81,9 +80,14 @@ def _zero3_working_set(model: Model, plan: Plan, params: Any, dtype: str) -> Any
     prefetched (PyTorch FSDP's rate limiter allows two all-gathers in flight; Zhao et al. 2023, VLDB, section
     3.3.2), and in backward that unit's full gradient before its reduce-scatter. Units are the stage's repeated
     blocks (gather_units)."""
-    weight = element_bytes(dtype)
-    grad = element_bytes(plan.grad_dtype) if plan.grad_dtype else weight
+    weight, grad = _weight_and_grad_bytes(plan, dtype)
     return params / gather_units(model, plan) * (2 * weight + grad)
+
+
+def _weight_and_grad_bytes(plan: Plan, dtype: str) -> tuple[int, int]:
+    """Bytes per parameter of a weight and of its gradient (the plan's grad_dtype, else the weight's)."""
+    weight = element_bytes(dtype)
+    return weight, element_bytes(plan.grad_dtype) if plan.grad_dtype else weight
 
 
 def runtime_reserve(hw: Hardware, allocated: Any) -> Any:
