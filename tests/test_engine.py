@@ -59,7 +59,8 @@ def test_one_device_plan_equals_single_device(gpt, a100):
 def test_gpipe_bubble_fraction(gpt, a100, m):
     pp = 4
     r = predict(gpt, a100, Plan(devices=4, pp=pp, global_batch=m, micro_batch=1, schedule="gpipe"))
-    busy = r.breakdown_s["compute/forward"] + r.breakdown_s["compute/backward"] + r.breakdown_s["comm/tp"]
+    parts = ("compute/forward", "compute/backward", "comm/tp", "overhead/host")  # a host-bound pass lasts longer
+    busy = sum(r.breakdown_s[p] for p in parts)
     bubble = r.breakdown_s["pipeline/bubble"]
     assert bubble / (busy + bubble) == pytest.approx((pp - 1) / (m + pp - 1), rel=1e-9)
 
@@ -191,7 +192,8 @@ def test_a_larger_gemm_is_never_faster(batch, m, n, k, grow, extra):
 
 def test_a_slow_host_makes_the_pass_host_bound():
     """max(device, host) per pass: with a host that needs 1 ms per kernel (a slow CPU, or a calibrated file),
-    the step waits for the host and the breakdown says so; with the default constants a GPU step does not."""
+    the step waits for the host longer and the breakdown says so (LeNet-5 at batch 8 is host-bound on an A100
+    even with the default constants: its kernels last microseconds)."""
     from dlperf.spec.hardware import load_hardware
 
     model, hw = load_model("lenet5"), load_hardware("dgx-a100")
@@ -199,8 +201,8 @@ def test_a_slow_host_makes_the_pass_host_bound():
     fast = predict(model, hw, plan)
     slow_host = replace(hw, device=replace(hw.device, dispatch_forward=1e-3, dispatch_backward=1e-3))
     slow = predict(model, slow_host, plan)
-    assert fast.breakdown_s["overhead/host"] == 0.0
-    assert slow.breakdown_s["overhead/host"] > 0 and slow.step_time_s > fast.step_time_s
+    assert slow.breakdown_s["overhead/host"] > fast.breakdown_s["overhead/host"] > 0
+    assert slow.step_time_s > fast.step_time_s
     assert sum(slow.breakdown_s.values()) == pytest.approx(slow.step_time_s, rel=1e-12)
 
 

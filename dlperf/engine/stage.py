@@ -63,8 +63,13 @@ class StageCost:
 
     @property
     def total(self) -> Any:
-        return (self.forward + self.backward + self.recompute + self.tp_comm_fwd + self.tp_comm_bwd
-                + self.ep_comm_fwd + self.ep_comm_bwd + self.cp_comm_fwd + self.cp_comm_bwd)
+        """Seconds of a micro-batch's passes, each the longer of the device's work and the host's issuing of
+        it (the engine's pass time, step.py): the slowest stage is the one whose passes last longest, and
+        ranking stages by device time alone let faster memory move the bottleneck to a host-bound stage."""
+        device_fwd = self.forward + self.tp_comm_fwd + self.ep_comm_fwd + self.cp_comm_fwd
+        device_bwd = self.backward + self.recompute + self.tp_comm_bwd + self.ep_comm_bwd + self.cp_comm_bwd
+        return (mathx.maximum(device_fwd, self.host_fwd)
+                + mathx.maximum(device_bwd, self.host_bwd + self.host_recompute))
 
 
 def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any) -> tuple[Kernel, str]:

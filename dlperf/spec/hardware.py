@@ -59,13 +59,21 @@ DEFAULT_EFFICIENCY = {
     "memory": (0.90, 0.0, 2.3e-6),
 }
 DEFAULT_LAUNCH_LATENCY = 5e-6
-# Host time an eager framework spends issuing one kernel (Python, dispatcher, autograd, the launch call). While
-# kernels are shorter than this the GPU waits for the CPU, so a pass costs max(device time, host time).
+# Host time an eager framework spends per kernel launch the engine counts (Python, dispatcher, autograd, the
+# launch call). While kernels are shorter than this the GPU waits for the CPU, so a pass costs max(device time,
+# host time). Per-operator costs, measured per ATen operator:
 # - forward 6.8 us: a Python-level op recorded by autograd, 1M `y = 2*x` calls in 6.8 s (pytorch/pytorch#41383,
 #   2020; about 2 us without Python and autograd, ngimel in the same thread).
-# - backward 4 us: the autograd engine issues backward kernels from C++, without Python: "4 us per op on CUDA"
-#   for a dispatch-bound model (pytorch/pytorch#82793, 2022).
-DEFAULT_DISPATCH = (6.8e-6, 4e-6)
+# - backward 4 us: the autograd engine issues backward ops from C++, without Python: "4 us per op on CUDA" for a
+#   dispatch-bound model (pytorch/pytorch#82793, 2022).
+# An eager layer issues more operators than kernels (views, transposes, splits, allocations, autograd
+# bookkeeping launch nothing): a Megatron-style GPT layer issues 57 ATen operators forward and 89 backward for
+# the 20 and 43 launches dlperf counts, 2.85 and 2.07 per launch (benchmarks/host_ops.py, counted with
+# PyTorch's dispatcher; its CPU timing, 6.3 and 5.0 us per operator on our 2-core VM, agrees with the costs
+# above). Not included: the CUDA launch call itself on a GPU host, and framework Python beyond the operators
+# (module hooks, RNG-state forks, custom autograd functions), so this is a lower bound on eager host time.
+DISPATCH_OPS_PER_LAUNCH = (2.85, 2.07)
+DEFAULT_DISPATCH = (6.8e-6 * DISPATCH_OPS_PER_LAUNCH[0], 4e-6 * DISPATCH_OPS_PER_LAUNCH[1])
 DEFAULT_CHANNELS = 2  # "it should just launch 2 SMs" on a one-NIC system, NCCL's minimum (NVIDIA/nccl#689)
 # What the runtime reserves on a GPU before the model's own tensors, unless the hardware file says otherwise:
 # - 1 GiB fixed: the CUDA context alone takes ~0.7-0.8 GiB once PyTorch touches a GPU (723 MiB for a one-element
