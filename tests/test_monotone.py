@@ -107,8 +107,8 @@ def test_data_parallel_traffic_is_the_largest_stage_s():
     stages, slow, _, _ = engine.stages(plan, "fp32", 4)
     heaviest = max(stages, key=lambda s: s.params)
     assert heaviest.params > 3 * min(s.params for s in stages)
-    alone = engine._dp_over_stages(plan, [heaviest], "fp32", plan.micro_batches)
-    both = engine._dp_over_stages(plan, stages, "fp32", plan.micro_batches)
+    alone = engine._dp_over_stages(plan, [heaviest], slow, "fp32", plan.micro_batches)
+    both = engine._dp_over_stages(plan, stages, slow, "fp32", plan.micro_batches)
     assert both == alone
 
 

@@ -133,6 +133,6 @@ def kernel_times(kernel: Kernel, device: Device, dtype: str, divisor: Any = 1,
 
 
 def dispatch_times(kernel: Kernel, device: Device) -> tuple[Any, Any]:
-    """(forward, backward) host seconds to issue the kernel's launches (DEFAULT_DISPATCH in spec/hardware.py)."""
-    fwd, bwd = kernel.phase_launches
+    """(forward, backward) host seconds to issue the kernel's operators (DEFAULT_DISPATCH in spec/hardware.py)."""
+    fwd, bwd = kernel.host_ops
     return fwd * device.dispatch_forward, bwd * device.dispatch_backward

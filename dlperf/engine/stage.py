@@ -62,6 +62,17 @@ class StageCost:
         return out
 
     @property
+    def forward_window(self) -> Any:
+        """Wall seconds of the forward computation, which a collective on its own stream can hide behind: the
+        device's work, or the host's issuing of it when that takes longer."""
+        return mathx.maximum(self.forward, self.host_fwd)
+
+    @property
+    def backward_window(self) -> Any:
+        """As `forward_window`, for the backward computation."""
+        return mathx.maximum(self.backward, self.host_bwd)
+
+    @property
     def total(self) -> Any:
         """Seconds of a micro-batch's passes, each the longer of the device's work and the host's issuing of
         it (the engine's pass time, step.py): the slowest stage is the one whose passes last longest, and

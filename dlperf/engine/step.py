@@ -98,6 +98,7 @@ class StepModel:
         self._splits: dict[tuple, list] = {}
         self._p2p: dict[tuple, Any] = {}
         self._dp: dict[tuple, tuple[Any, Any]] = {}
+        self._pace: dict[tuple[int, int], tuple[StageCost, StageCost, StageCost]] = {}
         self._work: dict[tuple, list[tuple[float, float, float]]] = {}
 
     def stages(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
@@ -254,7 +255,7 @@ class StepModel:
         t_fwd = mathx.maximum(device_fwd, slow.host_fwd)
         t_bwd = mathx.maximum(device_bwd, slow.host_bwd + slow.host_recompute * share)
         busy, bubble, p2p = schedule_time(t_fwd, t_bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v)
-        dp_total, dp_exposed = self._dp_over_stages(plan, stages, dtype, m)
+        dp_total, dp_exposed = self._dp_over_stages(plan, stages, slow, dtype, m)
         fp8_params = params * self.fp8_share if dtype == "fp8" else 0
         optimizer = _optimizer_time_split(self.hw, plan, params, max(stages, key=lambda s: s.params).expert_params,
                                           fp8_params)
@@ -283,15 +284,28 @@ class StepModel:
             self._p2p[key] = _p2p_time(boundary, self.hw, plan, e, self.comm)
         return self._p2p[key]
 
-    def _dp_over_stages(self, plan: Plan, stages: list[StageCost], dtype: str, m: Any) -> tuple[Any, Any]:
+    def _dp_over_stages(self, plan: Plan, stages: list[StageCost], slow: StageCost, dtype: str,
+                        m: Any) -> tuple[Any, Any]:
         """(total, exposed) data-parallel communication of the step: every stage synchronises its own
         parameters with its own replicas at the same time, so the step waits for the slowest of them, which
         need not be the stage slowest to compute (a VGG's fully connected stage holds 99% of the parameters:
         pricing only the slowest-computing stage's made faster compute pick a different stage and a 480x
-        larger allreduce, issue #15)."""
-        distinct = list({id(s): s for s in stages}.values())
+        larger allreduce, issue #15). Every stage hides its traffic behind the pipeline's pace, the slowest
+        stage's passes, not its own: a faster stage waits for its neighbours while its collectives run (and
+        pricing its own shorter passes let faster hardware expose more traffic than it saves)."""
+        distinct = [self._paced(s, slow) for s in {id(s): s for s in stages}.values()]
         parts = [_dp_with_micro_batches(self._dp_time(plan, s, dtype), m) for s in distinct]
         return mathx.maximum(*(t for t, _ in parts)), mathx.maximum(*(x for _, x in parts))
+
+    def _paced(self, stage: StageCost, slow: StageCost) -> StageCost:
+        """`stage` with the slowest stage's pass times (kept, so that the cache keys of _dp_time stay unique)."""
+        if stage is slow:
+            return stage
+        key = (id(stage), id(slow))
+        if key not in self._pace:
+            self._pace[key] = (replace(stage, forward=slow.forward, backward=slow.backward, host_fwd=slow.host_fwd,
+                                       host_bwd=slow.host_bwd), stage, slow)
+        return self._pace[key][0]
 
     def _dp_time(self, plan: Plan, slow: StageCost, dtype: str) -> tuple[Any, Any, Any, Any]:
         key = (id(slow), plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
@@ -456,6 +470,7 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     overlap = plan.overlap if plan.overlap is not None else plan.pp == 1
 
     stolen = _overlap_contention(hw, plan.tp * dp)
+    window = slow.backward_window  # a host-bound backward pass lasts longer, and hides more
 
     def hidden_behind(t: Any, window: Any, floor: Any) -> Any:
         """What of t outlasts `window`, but never less than the last bucket's share (nor more than t); the part
@@ -468,16 +483,16 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     last_bucket = comm.collective_time("allreduce", min(DDP_BUCKET_BYTES, grad_bytes), group, hw)
     if plan.parameter_server:
         total = comm.collective_time("allreduce", grad_bytes, group, hw, f"ps:{plan.parameter_server}")
-        return total, hidden_behind(total, slow.backward, last_bucket), 0.0, 0.0
+        return total, hidden_behind(total, window, last_bucket), 0.0, 0.0
     if plan.compression != "none":
         total = comm.compressed_allreduce_time(params, grad_bytes / params, plan.compression, group,
                                                hw)[0]
-        return total, hidden_behind(total, slow.backward, last_bucket), 0.0, 0.0
+        return total, hidden_behind(total, window, last_bucket), 0.0, 0.0
     if plan.zero == 0:
         total = comm.collective_time("allreduce", grad_bytes, group, hw)
-        return total, hidden_behind(total, slow.backward, last_bucket), 0.0, 0.0
+        return total, hidden_behind(total, window, last_bucket), 0.0, 0.0
     if plan.zero == 3:
-        return (0.0, 0.0) + _zero3_per_micro(comm, hw, group, grad_bytes, units, slow.forward, slow.backward,
+        return (0.0, 0.0) + _zero3_per_micro(comm, hw, group, grad_bytes, units, slow.forward_window, window,
                                              overlap, stolen)
     reduce = comm.collective_time("reduce_scatter", grad_bytes, group, hw)
     # FP8 parameter all-gather (Megatron-LM --fp8-param-gather; torchtitan/FSDP2 enable_fsdp_float8_all_gather):
@@ -485,9 +500,9 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     gather = comm.collective_time("allgather", params * FP8_BYTES if plan.fp8_param_gather else grad_bytes,
                                   group, hw)
     if plan.zero == 1:
-        return reduce + gather, hidden_behind(reduce, slow.backward, last_bucket) + gather, 0.0, 0.0
+        return reduce + gather, hidden_behind(reduce, window, last_bucket) + gather, 0.0, 0.0
     # ZeRO-2: gradients are kept as shards, so every micro-batch's backward reduce-scatters them
-    return gather, gather, reduce, hidden_behind(reduce, slow.backward, last_bucket)
+    return gather, gather, reduce, hidden_behind(reduce, window, last_bucket)
 
 
 def _zero3_per_micro(comm: Any, hw: Hardware, group: Any, nbytes: float, units: int, forward: Any, backward: Any,
@@ -540,8 +555,8 @@ def _grad_sync(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     parts = _dp_comm(hw, _dense_group(plan), dense, dtype, comm, units)
     if mathx.is_zero(slow.expert_params):
         return parts
-    window = mathx.maximum(slow.backward - parts[0] - parts[2], 0.0)
-    experts = replace(slow, synced_params=slow.expert_params, backward=window)
+    window = mathx.maximum(slow.backward_window - parts[0] - parts[2], 0.0)
+    experts = replace(slow, synced_params=slow.expert_params, backward=window, host_bwd=0.0)
     more = _dp_comm(hw, _expert_group(plan), experts, dtype, comm, units)
     return tuple(a + b for a, b in zip(parts, more, strict=True))
 

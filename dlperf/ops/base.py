@@ -53,7 +53,9 @@ class Kernel:
     MFU convention still counts).
     `dtype` pins the kernel's compute precision whatever the plan's (a MoE router runs in
     fp32); `expert` marks the routed experts' work, which lands on the busiest expert-parallel rank (the engine
-    scales its time by the load-imbalance or capacity factor).
+    scales its time by the load-imbalance or capacity factor). `framework_ops` is how many operators the
+    framework issues for the kernel's forward launches, which is what the host pays for (None: one per launch;
+    cuDNN launches a Winograd or FFT convolution's transform kernels from C++ inside one conv2d call).
     """
 
     name: str
@@ -69,6 +71,7 @@ class Kernel:
     model_work_scale: Any = 1
     dtype: str | None = None
     expert: bool = False
+    framework_ops: Any = None
 
     @property
     def backward_launches(self) -> Any:
@@ -87,6 +90,15 @@ class Kernel:
         fwd = 0 if mathx.is_zero(c.fwd_flops) and mathx.is_zero(c.fwd_bytes) else self.launches
         bwd = 0 if mathx.is_zero(self.bwd_flops) and mathx.is_zero(c.bwd_bytes) else self.backward_launches
         return fwd, bwd
+
+    @property
+    def host_ops(self) -> tuple[Any, Any]:
+        """(forward, backward) operators the host issues: `phase_launches`, or `framework_ops` per forward and
+        twice that backward (data and weight gradient) when the kernels launch more than the framework calls."""
+        fwd, bwd = self.phase_launches
+        if self.framework_ops is None:
+            return fwd, bwd
+        return (self.framework_ops if fwd else 0), (2 * self.framework_ops if bwd else 0)
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ def winograd_kernel(g: dict, batch: Any, e: int, m: int = WINOGRAD_M) -> Kernel:
         fwd_bytes=x + w + y + 2 * workspace, bwd_bytes=2 * (x + w + y) + 4 * workspace,
         depth=2 * clog2(r) + 4 * clog2(alpha) + clog2(ci),  # Table 6
         bwd_depth=2 * clog2(r) + 4 * clog2(alpha) + clog2(co),
-    ), launches=3)
+    ), launches=3, framework_ops=1)
 
 
 def _next_pow2(n: int) -> int:
@@ -122,7 +122,7 @@ def fft_kernel(g: dict, batch: Any, e: int) -> Kernel:
         fwd_flops=flops, bwd_data_flops=flops, bwd_weight_flops=flops,
         fwd_bytes=x + w + y + 2 * spectra, bwd_bytes=2 * (x + w + y) + 4 * spectra,
         depth=2 * clog2(n) + clog2(ci), bwd_depth=2 * clog2(n) + clog2(co),  # Table 6
-    ), launches=4)
+    ), launches=4, framework_ops=1)
 
 
 def applicable(layer: Layer, dtype: str) -> tuple[str, ...]:

@@ -59,21 +59,19 @@ DEFAULT_EFFICIENCY = {
     "memory": (0.90, 0.0, 2.3e-6),
 }
 DEFAULT_LAUNCH_LATENCY = 5e-6
-# Host time an eager framework spends per kernel launch the engine counts (Python, dispatcher, autograd, the
-# launch call). While kernels are shorter than this the GPU waits for the CPU, so a pass costs max(device time,
-# host time). Per-operator costs, measured per ATen operator:
-# - forward 6.8 us: a Python-level op recorded by autograd, 1M `y = 2*x` calls in 6.8 s (pytorch/pytorch#41383,
-#   2020; about 2 us without Python and autograd, ngimel in the same thread).
-# - backward 4 us: the autograd engine issues backward ops from C++, without Python: "4 us per op on CUDA" for a
-#   dispatch-bound model (pytorch/pytorch#82793, 2022).
-# An eager layer issues more operators than kernels (views, transposes, splits, allocations, autograd
-# bookkeeping launch nothing): a Megatron-style GPT layer issues 57 ATen operators forward and 89 backward for
-# the 20 and 43 launches dlperf counts, 2.85 and 2.07 per launch (benchmarks/host_ops.py, counted with
-# PyTorch's dispatcher; its CPU timing, 6.3 and 5.0 us per operator on our 2-core VM, agrees with the costs
-# above). Not included: the CUDA launch call itself on a GPU host, and framework Python beyond the operators
-# (module hooks, RNG-state forks, custom autograd functions), so this is a lower bound on eager host time.
-DISPATCH_OPS_PER_LAUNCH = (2.85, 2.07)
-DEFAULT_DISPATCH = (6.8e-6 * DISPATCH_OPS_PER_LAUNCH[0], 4e-6 * DISPATCH_OPS_PER_LAUNCH[1])
+# Host seconds an eager framework spends per kernel launch the engine counts (Python, dispatcher, autograd, the
+# framework's own Python). While kernels are shorter than this the GPU waits for the CPU, so a pass costs
+# max(device time, host time). An eager layer issues several operators per kernel (views, splits, allocations,
+# autograd bookkeeping) and Megatron adds Python around them (custom autograd functions, TorchScript fusions,
+# RNG-state forks, CheckpointFunction). benchmarks/host_ops.py runs a layer laid out as Megatron-DeepSpeed's
+# (file@commit in the script) at a tiny width on a CPU and divides its host time by the launches dlperf counts
+# for one `gpt` layer (20 forward, 43 backward): 27.3 us forward and 14.7 us backward per launch (70 and 102
+# ATen operators, 7.8 and 6.2 us each; median of 3 runs on our 2-core AMD EPYC family 25 model 17, Zen 4, VM,
+# torch 2.13 CPU build, one thread). Per-operator costs published for eager PyTorch agree: 6.8 us forward for a
+# Python-level op recorded by autograd (pytorch/pytorch#41383), 4 us per backward op from C++ (#82793).
+# A lower bound on a GPU host: the CUDA launch call per kernel is not in it, and DGX A100's EPYC 7742 (Zen 2)
+# is slower per thread than Zen 4. `dlperf calibrate` measures it on the user's machine.
+DEFAULT_DISPATCH = (27.3e-6, 14.7e-6)
 DEFAULT_CHANNELS = 2  # "it should just launch 2 SMs" on a one-NIC system, NCCL's minimum (NVIDIA/nccl#689)
 # What the runtime reserves on a GPU before the model's own tensors, unless the hardware file says otherwise:
 # - 1 GiB fixed: the CUDA context alone takes ~0.7-0.8 GiB once PyTorch touches a GPU (723 MiB for a one-element
