@@ -137,10 +137,18 @@ def test_zero3_over_hundreds_of_ranks_is_not_free():
 def test_strong_scaling_with_plan_search_is_not_superlinear():
     from dlperf.search import sweep
 
-    result = sweep(load_model("gpt3-175b"), load_hardware("dgx-a100"), [512, 2048], strategy="best",
-                   global_batch=1536)
+    model, hw = load_model("gpt3-175b"), load_hardware("dgx-a100")
+    result = sweep(model, hw, [512, 2048], strategy="best", global_batch=1536)
     rows = result.rows()
-    assert all(r["efficiency"] <= 1.0 for r in rows), rows
+    # More devices may shed per-device work that does not shrink with the batch share: the gradient
+    # accumulation and optimizer passes over the parameters, which ZeRO sharding divides. Beyond that, a sweep
+    # must not be superlinear (issue #13: ZeRO-3's gathers looked free and gave 105.9%).
+    small = rows[0]
+    plan = Plan(devices=small["gpus"], dp=small["dp"], tp=small["tp"], pp=small["pp"], global_batch=1536,
+                micro_batch=small["micro_batch"], zero=small["zero"], recompute=small["recompute"])
+    parts = predict(model, hw, plan).breakdown_s
+    sheddable = (parts["compute/grad_accumulation"] + parts["optimizer"]) / small["step_time_s"]
+    assert all(r["efficiency"] <= 1.0 / (1.0 - sheddable) for r in rows), (rows, sheddable)
     assert {"zero", "recompute", "micro_batch"} <= set(rows[0])  # the knobs that explain a row
 
 

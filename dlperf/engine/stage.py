@@ -74,11 +74,16 @@ class StageCost:
 
     @property
     def total(self) -> Any:
+        return self.pass_time()
+
+    def pass_time(self, extra_backward: Any = 0.0) -> Any:
         """Seconds of a micro-batch's passes, each the longer of the device's work and the host's issuing of
-        it (the engine's pass time, step.py): the slowest stage is the one whose passes last longest, and
-        ranking stages by device time alone let faster memory move the bottleneck to a host-bound stage."""
+        it (the engine's pass time, step.py), with `extra_backward` more device work in the backward pass: the
+        slowest stage is the one whose passes last longest, and ranking stages by device time alone let faster
+        memory move the bottleneck to a host-bound stage."""
         device_fwd = self.forward + self.tp_comm_fwd + self.ep_comm_fwd + self.cp_comm_fwd
-        device_bwd = self.backward + self.recompute + self.tp_comm_bwd + self.ep_comm_bwd + self.cp_comm_bwd
+        device_bwd = (self.backward + self.recompute + self.tp_comm_bwd + self.ep_comm_bwd + self.cp_comm_bwd
+                      + extra_backward)
         return (mathx.maximum(device_fwd, self.host_fwd)
                 + mathx.maximum(device_bwd, self.host_bwd + self.host_recompute))
 

@@ -122,7 +122,9 @@ class StepModel:
                 cost: Any = None) -> tuple[list[StageCost], StageCost, Any, Any]:
         stages = [(cost or self._cost_of)(n, plan, dtype, e) for n in nodes]
         boundary = max((numel(out_shape(n[-1], self.model.input_shape)) for n in nodes[:-1]), default=0)
-        return stages, max(stages, key=lambda s: s.total), max(s.params for s in stages), boundary
+        # the slowest stage counts its gradient accumulation, which grows with its parameters, not its work
+        slow = max(stages, key=lambda s: s.pass_time(_grad_accumulation(self.hw, plan, s.params, dtype)))
+        return stages, slow, max(s.params for s in stages), boundary
 
     def _balanced(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
         """The pipeline split of a model without a uniformly divisible repeated block: of the contiguous splits
@@ -249,7 +251,8 @@ class StepModel:
         share = recompute_share(plan, m)
         recompute = slow.recompute * share
         device_fwd = slow.forward + slow.tp_comm_fwd + ep_fwd + slow.cp_comm_fwd
-        device_bwd = slow.backward + slow.tp_comm_bwd + ep_bwd + slow.cp_comm_bwd + recompute
+        accumulate = _grad_accumulation(self.hw, plan, slow.params, dtype)
+        device_bwd = slow.backward + slow.tp_comm_bwd + ep_bwd + slow.cp_comm_bwd + recompute + accumulate
         # The host issues kernels asynchronously ahead of the GPU; a pass is host-bound when issuing its kernels
         # takes longer than running them (DEFAULT_DISPATCH in spec/hardware.py).
         t_fwd = mathx.maximum(device_fwd, slow.host_fwd)
@@ -265,6 +268,7 @@ class StepModel:
             "compute/forward": m * slow.forward,
             "compute/backward": m * slow.backward,
             "compute/recompute": m * recompute,
+            "compute/grad_accumulation": m * accumulate,
             "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd),
             "comm/ep": m * (ep_fwd + ep_bwd),
             "comm/cp": m * (slow.cp_comm_fwd + slow.cp_comm_bwd),
@@ -664,6 +668,21 @@ def _optimizer_time(hw: Hardware, plan: Plan, params: Any, fp8_params: Any = 0) 
     resident = plan.data_parallel if plan.zero >= 3 else 1  # ZeRO-3 keeps (and casts) a shard of the weights
     cast = fp8_params / resident * WEIGHT_CAST_BYTES / bw + hw.device.launch_latency if fp8_params else 0.0
     return update + cast
+
+
+def _grad_accumulation(hw: Hardware, plan: Plan, params: Any, dtype: str) -> Any:
+    """Seconds per micro-batch of adding its weight gradients to the gradient buffer: read the buffer and the new
+    gradient, write the sum. Megatron-LM's --gradient-accumulation-fusion makes the weight-gradient GEMM read and
+    write its fp32 main_grad (zeroed at the start of the step) instead of writing a half-precision gradient,
+    4 + 4 - 2 = 6 extra bytes per parameter from the first micro-batch on; PyTorch's AccumulateGrad adds in
+    place (`grad += new`, 3 x 2 bytes) from the second (the first takes the new gradient's buffer), counted here
+    for every micro-batch alike. ZeRO-2/3 keep only a gradient shard, which is what gets added."""
+    if mathx.is_zero(params):
+        return 0.0
+    e = element_bytes(plan.grad_dtype or ("fp32" if dtype in ("fp32", "tf32") else dtype))
+    shard = plan.data_parallel if plan.zero >= 2 else 1
+    bw = hw.device.memory_bandwidth * hw.device.eff("memory").peak
+    return 3 * e * params / shard / bw + hw.device.launch_latency
 
 
 def _optimizer_flops(model: Model, plan: Plan) -> float:
