@@ -21,7 +21,8 @@ from dlperf.spec.yamlio import check_keys, closest, line_of, load_yaml_file
 TOP_KEYS = ("name", "description", "source", "input", "dtype", "params", "base", "blocks", "layers")
 FLOAT_ATTRS = ("p", "eps", "dropout")
 FACTOR_ATTRS = ("capacity_factor",)  # a number >= 1 (null: off)
-CHOICE_ATTRS = {"algorithm": ("auto", "direct", "im2col", "winograd", "fft")}
+CHOICE_ATTRS = {"algorithm": ("auto", "direct", "im2col", "winograd", "fft"),
+                "impl": ("fused", "torch", "megatron")}  # cross_entropy: ops.dense.LOSS_IMPLS
 MAX_REPEAT = 10**6
 # Work budgets checked while building (issue #15). The largest built-in model has 966 layer instances, 198
 # pipeline units and builds ~400 layer entries; 16 blocks each calling the previous one 10 times would build
