@@ -272,8 +272,9 @@ LOSS_IMPLS = ("fused", "torch", "megatron")
 
 # Megatron's vocab-parallel loss, counted per logit element (n = tokens x vocab/tp, fp32 after the upcast) from
 # _VocabParallelCrossEntropy in microsoft/Megatron-DeepSpeed megatron/mpu/cross_entropy.py @34ed99d1 (the
-# 2021-2023 code our GPT validation sources ran; NVIDIA/Megatron-LM megatron/core/tensor_parallel/cross_entropy.py
-# @d98e8a64 runs the same steps, with the .float() moved inside the function). Forward passes over the logits:
+# 2021-2023 code our GPT validation sources ran; NVIDIA/Megatron-LM's 2020 megatron/mpu/cross_entropy.py @5281919
+# and Megatron-Core's megatron/core/tensor_parallel/cross_entropy.py @d98e8a64 run the same steps, the latter with
+# the .float() moved inside the function). Forward passes over the logits:
 # max (read), sub_ (read, write in place), exp out= (read, write in place), sum (read), div_ (read, write in
 # place; the softmax saved for backward): 8 passes, 5 launches, 1 FLOP each; exp is the transcendental one.
 # Backward: the saved softmax is the gradient buffer (no pass), the scatter-subtract of one at the target touches
@@ -291,7 +292,8 @@ MEGATRON_ROW = {"launches": 12, "bwd_launches": 6, "bytes": 139, "bwd_bytes": 81
 def _upcast(n: Any, e: int) -> Kernel | None:
     """The logits' fp16/bf16 -> fp32 copy and, backward, its gradient cast back: one read of e bytes and one write
     of 4 (reversed backward) per element. Megatron-LM calls `.float()` on the logits unless --fp16-lm-cross-entropy
-    (megatron/model/gpt_model.py post_language_model_processing; Megatron-Core casts inside the loss); PyTorch's
+    (NVIDIA/Megatron-LM megatron/model/gpt2_model.py @5281919; Megatron-DeepSpeed's pipeline model casts with
+    float16_to_fp32, megatron/model/gpt_model.py @34ed99d1; Megatron-Core casts inside the loss); PyTorch's
     autocast runs cross_entropy in fp32 (torch.amp docs, "CUDA Ops that can autocast to float32"), as do
     torchtitan's and Hugging Face's losses with an explicit `.float()`. None when the model already runs in fp32."""
     if e >= FP32:
@@ -303,7 +305,11 @@ def _upcast(n: Any, e: int) -> Kernel | None:
 def _fused_loss(n: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
     """One kernel per pass in the model dtype (Transformer Engine's parallel_cross_entropy, flash-attn's and
     llm-foundry's fused xentropy): forward reads the logits and writes the loss/statistics, backward reads them
-    and writes p - onehot, 2 passes each."""
+    and writes p - onehot, 2 passes each. Megatron-Core's --cross-entropy-loss-fusion picks this with
+    cross_entropy_fusion_impl 'te' (TE's Triton kernels, NVIDIA/TransformerEngine
+    transformer_engine/pytorch/triton/cross_entropy.py @02965d2e: an online-softmax read forward, one read and one
+    in-place write backward, 3 passes where 4 are counted here); its 'native' impl torch.compiles Megatron's own
+    steps with one allreduce fewer (megatron/core/fusions/fused_cross_entropy.py @d98e8a64), not modelled apart."""
     return (Kernel("softmax_nll", "transcendental", Cost(
         fwd_flops=5 * n, bwd_data_flops=n, fwd_bytes=2 * e * n, bwd_bytes=2 * e * n, depth=depth, bwd_depth=1,
     ), launches=1, bwd_launches=1),)
