@@ -72,3 +72,18 @@ def test_an_unknown_impl_is_one_clear_line(run, tmp_path):
     code, out, err = run("show", str(path))
     assert code == 2 and err.count("\n") == 1, err
     assert "m.yaml:5" in err and "impl" in err and "fused, torch, megatron" in err and "megatorn" in err
+
+
+def test_predict_splits_the_loss_over_the_tp_group_and_prices_its_allreduces():
+    """The stage is priced as a list of top-level nodes: the loss must still see the output layer's vocabulary
+    split (before, each node was walked from a replicated input and the loss ran whole on every rank)."""
+    from dlperf.engine import predict
+    from dlperf.plan import Plan
+
+    model = load_model("gpt", {"hidden": 1024, "layers": 4, "heads": 16, "seq": 1024, "vocab": 50257})
+    def loss(tp):
+        r = predict(model, HW, Plan(devices=tp, tp=tp, global_batch=4, micro_batch=1))
+        return r.per_type_s["cross_entropy"], r.breakdown_s["comm/tp"]
+    (t1, c1), (t2, c2), (t4, c4), (t8, _) = (loss(tp) for tp in (1, 2, 4, 8))
+    assert t1 > t2 > t4 > t8 and (t2 - t4) == pytest.approx(2 * (t4 - t8), rel=1e-9)
+    assert c1 == 0 and c2 > 0

@@ -75,10 +75,13 @@ def _vocab_loss_comm(layer: Layer) -> tuple[Comm, ...]:
 
 
 def tp_uses(nodes: Model | list[Any], sp: bool = False) -> list[Use]:
-    """Distinct layers with counts and their tensor-parallel behaviour, in first-seen order."""
+    """Distinct layers with counts and their tensor-parallel behaviour, in first-seen order. A list of nodes (a
+    pipeline stage) is walked as one sequence: the sharding one node leaves is what the next receives, so the
+    vocabulary-parallel loss after a column-parallel output layer runs split, as it does in the whole model."""
     uses: list[Use] = []
+    sharded = False
     for node in ([nodes.root] if isinstance(nodes, Model) else nodes):
-        _walk(node, 1, False, sp, uses)
+        sharded = _walk(node, 1, sharded, sp, uses)
     merged: dict[tuple, Use] = {}
     for use in uses:
         key = (use.layer, use.sharded, use.comm)
