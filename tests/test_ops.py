@@ -44,13 +44,48 @@ def test_residual_add_sums_the_forks_gradients_in_backward():
     assert add.cost.fwd_bytes == add.cost.bwd_bytes == 3 * 2 * n and add.backward_launches == 1
 
 
-def test_unfused_cross_entropy_makes_four_backward_passes_in_three_kernels():
-    n, e = 4 * 16 * 100, 4
-    (fused,) = OPS["cross_entropy"].kernels(_layer("cross_entropy", (16, 100)), 4, e)
-    (torch_ce,) = OPS["cross_entropy"].kernels(_layer("cross_entropy", (16, 100), fused=False), 4, e)
-    assert fused.cost.fwd_bytes == torch_ce.cost.fwd_bytes == 2 * e * n
-    assert (fused.cost.bwd_bytes, torch_ce.cost.bwd_bytes) == (2 * e * n, 4 * e * n)
-    assert (fused.launches, fused.backward_launches, torch_ce.launches, torch_ce.backward_launches) == (1, 1, 2, 3)
+def _loss(impl, e, rows=16, classes=100, batch=4):
+    kernels = OPS["cross_entropy"].kernels(_layer("cross_entropy", (rows, classes), impl=impl), batch, e)
+    fwd = sum(k.cost.fwd_bytes for k in kernels)
+    bwd = sum(k.cost.bwd_bytes for k in kernels)
+    launches = tuple(sum(k.phase_launches[i] for k in kernels) for i in (0, 1))
+    return kernels, fwd, bwd, launches
+
+
+def test_fused_cross_entropy_is_two_passes_each_way_in_the_model_dtype():
+    n, e = 4 * 16 * 100, 2
+    _, fwd, bwd, launches = _loss("fused", e)
+    assert (fwd, bwd, launches) == (2 * e * n, 2 * e * n, (1, 1))
+
+
+def test_torch_cross_entropy_upcasts_then_makes_four_backward_passes_in_three_kernels():
+    n = 4 * 16 * 100
+    # fp32 model: log_softmax (read, write) + nll_loss; backward fill, scatter, log_softmax backward (3 passes)
+    assert _loss("torch", 4)[1:] == (2 * 4 * n, 4 * 4 * n, (2, 3))
+    # bf16 model: autocast's fp32 copy (read 2, write 4) first, and its cast back (read 4, write 2) last
+    assert _loss("torch", 2)[1:] == ((2 + 4) * n + 2 * 4 * n, 4 * 4 * n + (4 + 2) * n, (3, 4))
+
+
+def test_megatron_cross_entropy_matches_a_hand_count_of_its_kernels():
+    """megatron/mpu/cross_entropy.py, per fp32 logit: max reads 4 B; sub_, exp(out=) and div_ read and write 8 B
+    each; sum reads 4 B; backward mul_ reads and writes 8 B. Per token (int64 targets, fp32 row values) 12 small
+    forward kernels and 6 backward ones, which the vocabulary split does not shrink."""
+    rows, n = 4 * 16, 4 * 16 * 100
+    logit_fwd = 4 + 8 + 8 + 4 + 8
+    kernels, fwd, bwd, launches = _loss("megatron", 2)
+    assert fwd == (2 + 4) * n + logit_fwd * n + 139 * rows     # upcast, then the five passes
+    assert bwd == (4 + 2) * n + 8 * n + 81 * rows               # cast back, mul_
+    assert launches == (1 + 5 + 12, 1 + 1 + 6)
+    assert sum(k.cost.fwd_flops for k in kernels) == 5 * n      # max, subtract, exp, sum, divide
+    assert sum(k.bwd_flops for k in kernels) == n               # multiply by the incoming gradient
+    assert [k.name for k in kernels if not k.split] == ["target_gather"]
+    assert _loss("megatron", 4)[3] == (5 + 12, 1 + 6)           # an fp32 model has no cast
+
+
+def test_unfused_losses_save_the_fp32_softmax():
+    layer = _layer("cross_entropy", (16, 100), impl="megatron")
+    assert OPS["cross_entropy"].saved(layer, 2) == 4 * 16 * 100
+    assert OPS["cross_entropy"].saved(_layer("cross_entropy", (16, 100), impl="fused"), 2) == 2 * 16 * 100
 
 
 def test_conv_direct_equals_im2col_and_matches_formula():

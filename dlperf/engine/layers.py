@@ -55,19 +55,33 @@ def _tp_layer(layer: Layer, sharded: bool, sp: bool) -> tuple[bool, bool, tuple[
         return True, False, gather_in + (("fwd", "allgather", n_out), ("bwd", "allreduce", n_in))
     if kind == "vocab" and layer.op == "embedding":
         return True, False, (("fwd", "reduce_scatter" if sp else "allreduce", n_out),)
-    if kind == "vocab":  # vocabulary-parallel cross entropy: allreduce of per-row max and sum (fp32)
-        return (True, False, (("fwd", "allreduce", 2 * numel(layer.in_shape[:-1])),)) if sharded else (
-            False, False, ())
+    if kind == "vocab":
+        return (True, False, _vocab_loss_comm(layer)) if sharded else (False, False, ())
     if kind == "full":
         return False, False, gather_in
     return sharded, sharded, ()
 
 
+def _vocab_loss_comm(layer: Layer) -> tuple[Comm, ...]:
+    """Vocabulary-parallel cross entropy's allreduces over the tp group. Comm sizes are elements of the model
+    dtype: one fp32 value per token is 2 elements of a 16-bit model (the messages are latency-bound either way).
+    Megatron-LM's loss issues three, of one fp32 value per token each (row max, predicted logit, sum of
+    exponentials: megatron/mpu/cross_entropy.py); the other implementations keep the single message of 2 elements
+    per token priced before implementations were told apart."""
+    row = 2 * numel(layer.in_shape[:-1])
+    if layer.get("impl") == "megatron":
+        return (("fwd", "allreduce", row),) * 3
+    return (("fwd", "allreduce", row),)
+
+
 def tp_uses(nodes: Model | list[Any], sp: bool = False) -> list[Use]:
-    """Distinct layers with counts and their tensor-parallel behaviour, in first-seen order."""
+    """Distinct layers with counts and their tensor-parallel behaviour, in first-seen order. A list of nodes (a
+    pipeline stage) is walked as one sequence: the sharding one node leaves is what the next receives, so the
+    vocabulary-parallel loss after a column-parallel output layer runs split, as it does in the whole model."""
     uses: list[Use] = []
+    sharded = False
     for node in ([nodes.root] if isinstance(nodes, Model) else nodes):
-        _walk(node, 1, False, sp, uses)
+        sharded = _walk(node, 1, sharded, sp, uses)
     merged: dict[tuple, Use] = {}
     for use in uses:
         key = (use.layer, use.sharded, use.comm)

@@ -22,6 +22,10 @@ from dlperf.spec.hardware import Device, Hardware
 
 FULL = ("full", "except_last")  # rerun every forward kernel (except_last: not for the last micro-batch)
 ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attend", "flash_attention")
+# Ops that full recomputation never reruns: the loss runs after the checkpointed blocks (Megatron-LM checkpoints
+# the transformer layers, ParallelTransformer._checkpointed_forward in megatron/model/transformer.py @5281919, and
+# GPT2Model computes the loss on their output; FSDP-style activation checkpointing wraps the blocks too).
+NOT_CHECKPOINTED = ("cross_entropy",)
 
 
 @dataclass
@@ -183,7 +187,7 @@ def _add_tp_comm(out: StageCost, use: Use, batch: Any, e: int, tp: int, recomput
         if phase == "fwd":
             out.tp_comm_fwd, out.forward, out.host_fwd = out.tp_comm_fwd + comm, out.forward + slowdown, \
                 out.host_fwd + host
-            if recompute in FULL:
+            if recompute in FULL and use.layer.op not in NOT_CHECKPOINTED:
                 out.recompute = out.recompute + comm + slowdown
                 out.host_recompute = out.host_recompute + host
         else:
@@ -234,10 +238,10 @@ def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute:
 
 
 def _recomputed(recompute: str, use: Use, kernel: Kernel) -> bool:
-    """Full recomputation reruns every forward kernel; selective (Korthikanti et al. 2022) only the attention
-    core (QK^T, softmax, AV) whose s^2 activations it does not keep."""
+    """Full recomputation reruns every forward kernel but the loss's (NOT_CHECKPOINTED); selective (Korthikanti
+    et al. 2022) only the attention core (QK^T, softmax, AV) whose s^2 activations it does not keep."""
     if recompute in FULL:
-        return True
+        return use.layer.op not in NOT_CHECKPOINTED
     return recompute == "selective" and kernel.name in ATTENTION_CORE and not use.layer.get("flash", False)
 
 

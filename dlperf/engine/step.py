@@ -142,7 +142,8 @@ class StepModel:
         best, best_step = None, None
         tried = set()
         # A range's cost is the sum of its units' (stage_cost adds use by use, and tp_uses walks each unit from an
-        # unsharded input: equal to pricing the range whole up to float rounding), so a candidate costs additions.
+        # unsharded input: equal to pricing the range whole up to float rounding, except that a vocabulary-parallel
+        # loss priced as a unit of its own runs unsplit), so a candidate costs additions.
         cost = self._summed_cost
         for flops_per_byte, flops_per_param in BALANCE_WEIGHTS:
             costs = tuple(f + flops_per_byte * b + flops_per_param * p for f, b, p in work)

@@ -267,27 +267,118 @@ ATTENTION = OpRule(
 
 # ---- loss -----------------------------------------------------------------------------------------------
 
+FP32 = 4                # bytes of an fp32 element: the unfused losses run on an fp32 copy of the logits
+LOSS_IMPLS = ("fused", "torch", "megatron")
+
+# Megatron's vocab-parallel loss, counted per logit element (n = tokens x vocab/tp, fp32 after the upcast) from
+# _VocabParallelCrossEntropy in microsoft/Megatron-DeepSpeed megatron/mpu/cross_entropy.py @34ed99d1 (the
+# 2021-2023 code our GPT validation sources ran; NVIDIA/Megatron-LM's 2020 megatron/mpu/cross_entropy.py @5281919
+# and Megatron-Core's megatron/core/tensor_parallel/cross_entropy.py @d98e8a64 run the same steps, the latter with
+# the .float() moved inside the function). Forward passes over the logits:
+# max (read), sub_ (read, write in place), exp out= (read, write in place), sum (read), div_ (read, write in
+# place; the softmax saved for backward): 8 passes, 5 launches, 1 FLOP each; exp is the transcendental one.
+# Backward: the saved softmax is the gradient buffer (no pass), the scatter-subtract of one at the target touches
+# one element per row, then mul_ by the incoming gradient (read, write): 2 passes, 1 launch.
+MEGATRON_FWD = {"passes": 6, "launches": 4, "flops": 4}          # max, sub_, sum, div_
+MEGATRON_EXP = {"passes": 2, "launches": 1, "flops": 1}          # exp(out=)
+MEGATRON_BWD = {"passes": 2, "launches": 1, "flops": 1}          # mul_
+# Kernels over the [tokens] vectors (targets int64, row values fp32): forward target < start, target >= end, |,
+# clone, - start, masked_target[mask] = 0 (masked_fill), arange, the predicted-logit gather, clone,
+# predicted[mask] = 0, log, - predicted; backward arange, mask.float(), 1 - it, the gather, -=, the index_put back.
+# Bytes per token: the int64/fp32/bool operands each kernel reads and writes, summed over those kernels.
+MEGATRON_ROW = {"launches": 12, "bwd_launches": 6, "bytes": 139, "bwd_bytes": 81}
+
+
+def _upcast(n: Any, e: int) -> Kernel | None:
+    """The logits' fp16/bf16 -> fp32 copy and, backward, its gradient cast back: one read of e bytes and one write
+    of 4 (reversed backward) per element. Megatron-LM calls `.float()` on the logits unless --fp16-lm-cross-entropy
+    (NVIDIA/Megatron-LM megatron/model/gpt2_model.py @5281919; Megatron-DeepSpeed's pipeline model casts with
+    float16_to_fp32, megatron/model/gpt_model.py @34ed99d1; Megatron-Core casts inside the loss); PyTorch's
+    autocast runs cross_entropy in fp32 (torch.amp docs, "CUDA Ops that can autocast to float32"), as do
+    torchtitan's and Hugging Face's losses with an explicit `.float()`. None when the model already runs in fp32."""
+    if e >= FP32:
+        return None
+    return Kernel("loss_upcast", "memory", Cost(fwd_bytes=(e + FP32) * n, bwd_bytes=(FP32 + e) * n, depth=1,
+                                                bwd_depth=1), bwd_launches=1)
+
+
+def _fused_loss(n: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
+    """One kernel per pass in the model dtype (Transformer Engine's parallel_cross_entropy, flash-attn's and
+    llm-foundry's fused xentropy): forward reads the logits and writes the loss/statistics, backward reads them
+    and writes p - onehot, 2 passes each. Megatron-Core's --cross-entropy-loss-fusion picks this with
+    cross_entropy_fusion_impl 'te' (TE's Triton kernels, NVIDIA/TransformerEngine
+    transformer_engine/pytorch/triton/cross_entropy.py @02965d2e: an online-softmax read forward, one read and one
+    in-place write backward, 3 passes where 4 are counted here); its 'native' impl torch.compiles Megatron's own
+    steps with one allreduce fewer (megatron/core/fusions/fused_cross_entropy.py @d98e8a64), not modelled apart."""
+    return (Kernel("softmax_nll", "transcendental", Cost(
+        fwd_flops=5 * n, bwd_data_flops=n, fwd_bytes=2 * e * n, bwd_bytes=2 * e * n, depth=depth, bwd_depth=1,
+    ), launches=1, bwd_launches=1),)
+
+
+def _torch_loss(n: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
+    """PyTorch's F.cross_entropy = log_softmax + nll_loss, on fp32 logits (autocast or an explicit upcast): 2
+    forward kernels (log_softmax reads and writes the logits, nll_loss gathers one value per row). nll_loss's
+    backward writes a zero-filled gradient and scatters -1/N into it, then log_softmax's backward reads it and the
+    saved output and writes the input gradient, recomputing exp(output): 4 passes in 3 kernels, the exp counted."""
+    cast = _upcast(n, e)
+    loss = Kernel("log_softmax_nll", "transcendental", Cost(
+        fwd_flops=5 * n, bwd_data_flops=3 * n, fwd_bytes=2 * FP32 * n, bwd_bytes=4 * FP32 * n, depth=depth,
+        bwd_depth=1), launches=2, bwd_launches=3)
+    return (cast, loss) if cast else (loss,)
+
+
+def _megatron_loss(n: Any, rows: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
+    """Megatron-LM's vocab-parallel loss (the MEGATRON_* counts above): the upcast, 5 separate element-wise and
+    reduction kernels over the fp32 logits forward and 1 backward, and 12 + 6 small kernels over one value per
+    token, which tensor parallelism does not divide (every rank holds every token). Its three all-reduces of a
+    [tokens] fp32 vector (max, predicted logit, sum) are tensor-parallel collectives (engine.layers)."""
+    fwd, exp, bwd, row = MEGATRON_FWD, MEGATRON_EXP, MEGATRON_BWD, MEGATRON_ROW
+    passes = Kernel("softmax_passes", "memory", Cost(
+        fwd_flops=fwd["flops"] * n, bwd_data_flops=bwd["flops"] * n, fwd_bytes=fwd["passes"] * FP32 * n,
+        bwd_bytes=bwd["passes"] * FP32 * n, depth=depth, bwd_depth=1), launches=fwd["launches"],
+        bwd_launches=bwd["launches"])
+    exps = Kernel("softmax_exp", "transcendental", Cost(
+        fwd_flops=exp["flops"] * n, fwd_bytes=exp["passes"] * FP32 * n, depth=1), launches=exp["launches"],
+        bwd_launches=0)
+    rowwise = Kernel("target_gather", "memory", Cost(
+        fwd_bytes=row["bytes"] * rows, bwd_bytes=row["bwd_bytes"] * rows, depth=1, bwd_depth=1),
+        launches=row["launches"], bwd_launches=row["bwd_launches"], split=False)
+    cast = _upcast(n, e)
+    return (cast, passes, exps, rowwise) if cast else (passes, exps, rowwise)
+
 
 def _cross_entropy_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
-    """Softmax over classes (max, exp, sum, divide ~ 5 FLOPs/element) + log-likelihood.
-
-    fused (Megatron's vocab-parallel loss): the backward p - onehot reads the saved probabilities and writes
-    the gradient, 2 passes. Unfused (PyTorch's F.cross_entropy = log_softmax + nll_loss, 2 forward kernels):
-    nll_loss's backward writes a zero-filled gradient and scatters -1/N into it, then log_softmax's backward
-    reads it and the saved output and writes the input gradient, recomputing exp(output): 4 passes in 3
-    kernels (fill, scatter, log_softmax backward), the exp counted.
-    """
+    """Softmax over classes (max, subtract, exp, sum, divide: 5 FLOPs/element) + negative log-likelihood, as the
+    training stack named by `impl` runs it: `fused` (one kernel per pass in the model dtype), `torch`
+    (F.cross_entropy on fp32 logits) or `megatron` (Megatron-LM's vocab-parallel loss, separate fp32 kernels)."""
     n = batch * numel(layer.in_shape)
-    fused = layer["fused"]
-    return (Kernel("softmax_nll", "transcendental", Cost(
-        fwd_flops=5 * n, bwd_data_flops=n if fused else 3 * n, fwd_bytes=2 * e * n,
-        bwd_bytes=(2 if fused else 4) * e * n, depth=2 * clog2(layer.in_shape[-1]), bwd_depth=1,
-    ), launches=1 if fused else 2, bwd_launches=1 if fused else 3),)
+    depth = 2 * clog2(layer.in_shape[-1])
+    impl = layer["impl"]
+    if impl == "megatron":
+        return _megatron_loss(n, batch * numel(layer.in_shape[:-1]), depth, e)
+    if impl == "torch":
+        return _torch_loss(n, depth, e)
+    return _fused_loss(n, depth, e)
+
+
+def _cross_entropy_saved(layer: Layer, e: int) -> Any:
+    """What the backward reads: the softmax (megatron) or log-softmax (torch) of the fp32 copy, or the fused
+    kernel's logits in the model dtype."""
+    return (e if layer["impl"] == "fused" else max(e, FP32)) * numel(layer.in_shape)
+
+
+def _cross_entropy_check(shape: tuple, a: dict) -> None:
+    from dlperf.errors import ShapeError
+
+    if a["impl"] not in LOSS_IMPLS:
+        raise ShapeError("impl", expected=" or ".join(LOSS_IMPLS), found=a["impl"])
 
 
 CROSS_ENTROPY = OpRule(
-    attrs={"fused": True},
+    attrs={"impl": "fused"},
     shape=lambda s, a: (1,),
     kernels=_cross_entropy_kernels,
+    saved=_cross_entropy_saved,
     tp="vocab",
+    check=_cross_entropy_check,
 )
