@@ -58,11 +58,18 @@ def _fold(xs: tuple[Any, ...], symbolic: str, elementwise: str, scalar: Any) -> 
     return scalar(xs)
 
 
+_PLAIN = (int, float)
+
+
 def maximum(*xs: Any) -> Any:
+    if all(type(x) in _PLAIN for x in xs):  # the common case in search: plain numbers, no type dispatch
+        return max(xs)
     return _fold(xs, "Max", "maximum", max)
 
 
 def minimum(*xs: Any) -> Any:
+    if all(type(x) in _PLAIN for x in xs):
+        return min(xs)
     return _fold(xs, "Min", "minimum", min)
 
 

@@ -8,7 +8,7 @@ forward + backward (+ recomputation) + optimizer.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from dlperf import mathx
 from dlperf.engine import memory as mem
@@ -29,6 +29,18 @@ DDP_BUCKET_BYTES = mem.DDP_BUCKET_BYTES
 # Optimizer update per parameter, memory-bound: bytes read + written and FLOPs (fp32 states).
 # Adam reads/writes weight, m, v (3 x 8 B) and reads the gradient; ~12 FLOPs (two moments, bias-corrected step).
 OPTIMIZER_COST = {"sgd": (12, 2), "momentum": (20, 4), "adam": (28, 12)}
+
+
+class Passes(NamedTuple):
+    """One stage's passes per micro-batch (seconds): what _combine and the pipeline bubble use."""
+
+    fwd: Any
+    bwd: Any
+    recompute: Any
+    accumulate: Any
+    ep_fwd: Any
+    ep_bwd: Any
+    host_excess: Any   # what the host adds beyond the device's work, both passes
 
 
 @dataclass
@@ -248,17 +260,12 @@ class StepModel:
     def _combine(self, plan: Plan, dtype: str, e: int, staged: tuple[list[StageCost], StageCost, Any, Any], m: Any,
                  v: Any, with_memory: bool = True) -> tuple[Any, dict[str, Any], dict[str, Any], StageCost, str, int]:
         stages, slow, params, boundary = staged
-        ep_fwd, ep_bwd = _ep_exposed(plan, slow, m)
-        share = recompute_share(plan, m)
-        recompute = slow.recompute * share
-        device_fwd = slow.forward + slow.tp_comm_fwd + ep_fwd + slow.cp_comm_fwd
-        accumulate = _grad_accumulation(self.hw, plan, slow.params, dtype)
-        device_bwd = slow.backward + slow.tp_comm_bwd + ep_bwd + slow.cp_comm_bwd + recompute + accumulate
-        # The host issues kernels asynchronously ahead of the GPU; a pass is host-bound when issuing its kernels
-        # takes longer than running them (DEFAULT_DISPATCH in spec/hardware.py).
-        t_fwd = mathx.maximum(device_fwd, slow.host_fwd)
-        t_bwd = mathx.maximum(device_bwd, slow.host_bwd + slow.host_recompute * share)
-        busy, bubble, p2p = schedule_time(t_fwd, t_bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v)
+        passes = {key: self._passes(plan, s, dtype, m) for key, s in {id(s): s for s in stages}.items()}
+        t = passes[id(slow)]
+        busy, _, p2p = schedule_time(t.fwd, t.bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v)
+        # Fill and drain: the first micro-batch's forward and the last one's backward cross every other stage once
+        # (per model chunk with interleaving), at that stage's own pace; the slowest stage sets the steady state.
+        bubble = (sum(passes[id(s)].fwd + passes[id(s)].bwd for s in stages) - (t.fwd + t.bwd)) / v
         dp_total, dp_exposed = self._dp_over_stages(plan, stages, slow, dtype, m)
         fp8_params = params * self.fp8_share if dtype == "fp8" else 0
         optimizer = _optimizer_time_split(self.hw, plan, params, max(stages, key=lambda s: s.params).expert_params,
@@ -268,12 +275,12 @@ class StepModel:
         breakdown = {
             "compute/forward": m * slow.forward,
             "compute/backward": m * slow.backward,
-            "compute/recompute": m * recompute,
-            "compute/grad_accumulation": m * accumulate,
+            "compute/recompute": m * t.recompute,
+            "compute/grad_accumulation": m * t.accumulate,
             "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd),
-            "comm/ep": m * (ep_fwd + ep_bwd),
+            "comm/ep": m * (t.ep_fwd + t.ep_bwd),
             "comm/cp": m * (slow.cp_comm_fwd + slow.cp_comm_bwd),
-            "overhead/host": m * ((t_fwd - device_fwd) + (t_bwd - device_bwd)),
+            "overhead/host": m * t.host_excess,
             "comm/pp_p2p": p2p,
             "pipeline/bubble": bubble,
             "comm/dp_allreduce": step - compute if plan.consistency != "sync" else dp_exposed,
@@ -282,6 +289,21 @@ class StepModel:
         flight = in_flight(plan.schedule, m, plan.pp, v) + (1 if plan.ep_overlap else 0)  # the paired micro-batch
         memory = mem.per_device(self.model, self.hw, plan, stages, dtype, flight) if with_memory else {}
         return step + optimizer, breakdown, memory, slow, dtype, staleness
+
+    def _passes(self, plan: Plan, stage: StageCost, dtype: str, m: Any) -> Passes:
+        """A stage's forward and backward pass per micro-batch, each the longer of the device's work and the
+        host's issuing of it (DEFAULT_DISPATCH in spec/hardware.py): the host issues kernels asynchronously ahead
+        of the GPU, so a pass is host-bound when issuing its kernels takes longer than running them."""
+        ep_fwd, ep_bwd = _ep_exposed(plan, stage, m)
+        share = recompute_share(plan, m)
+        recompute = stage.recompute * share
+        accumulate = _grad_accumulation(self.hw, plan, stage.params, dtype)
+        device_fwd = stage.forward + stage.tp_comm_fwd + ep_fwd + stage.cp_comm_fwd
+        device_bwd = stage.backward + stage.tp_comm_bwd + ep_bwd + stage.cp_comm_bwd + recompute + accumulate
+        t_fwd = mathx.maximum(device_fwd, stage.host_fwd)
+        t_bwd = mathx.maximum(device_bwd, stage.host_bwd + stage.host_recompute * share)
+        return Passes(t_fwd, t_bwd, recompute, accumulate, ep_fwd, ep_bwd,
+                      (t_fwd - device_fwd) + (t_bwd - device_bwd))
 
     def _p2p_time(self, plan: Plan, e: int, boundary: Any) -> Any:
         key = (plan.tp, plan.pp, plan.data_parallel, plan.micro, e, boundary, plan.cp)
