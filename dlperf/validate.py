@@ -12,6 +12,14 @@ A row with `pending:` (feature name -> why) is a published measurement of someth
 (FP8, MoE, context parallelism, a model not built in): it is loaded, listed and checked for its citation, but not
 predicted or scored, and its plan may use keys the Plan does not have yet. Removing `pending:` turns it on.
 
+A long table of runs that differ only in a few numbers can be written compactly under `tables:` (next to or
+instead of `rows:`): each table has `columns:` (names), a `template:` (one row, whose strings may name columns
+as `{name}`) and `rows:` (one list of cells per run). A string that is exactly `{name}` takes the cell itself (a
+number stays a number); a longer string gets the cell written into it. Each table row becomes one row, checked
+as if it had been written out, and errors point at its line. Expanding is budgeted like YAML aliases:
+at most yamlio.MAX_NODES nodes and MAX_TABLE_CHARS characters of text per file, each cell a number, a
+boolean, null or a string of at most MAX_CELL_CHARS characters.
+
 Plan ranking: rows measured on the same source, model (and `set:`), hardware, device count, global batch and
 absolute unit, with different plans, form a group (or the rows sharing an explicit `group:` name do); the Spearman
 rank correlation between measured and predicted within each group says whether dlperf orders alternative plans
@@ -21,6 +29,7 @@ the way the hardware did, which is what plan search relies on.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -30,7 +39,7 @@ from typing import Any
 from dlperf.errors import DlperfError, SpecError
 from dlperf.plan import Plan
 from dlperf.plan import validate as validate_plan
-from dlperf.spec.yamlio import check_keys, field_name, line_of, load_yaml_file
+from dlperf.spec.yamlio import MAX_NODES, LineDict, LineList, check_keys, field_name, line_of, load_yaml_file
 
 DATA_DIR = Path(__file__).resolve().parent / "data" / "validation"
 
@@ -55,7 +64,13 @@ RATIO_UNITS = {
 }
 UNITS = (*ABSOLUTE_UNITS, *RATIO_UNITS)
 EVIDENCE = ("verified", "secondary", "unverified")
-TOP_KEYS = ("sources", "rows")
+TOP_KEYS = ("sources", "rows", "tables")
+TABLE_KEYS = ("columns", "template", "rows")
+MAX_CELL_CHARS = 200  # a table cell that is text: an id part, a label
+MAX_TABLE_CHARS = 4 * 2**20  # text of all expanded table rows of one file (as much as one file may hold)
+MAX_TEMPLATE_DEPTH = 4  # row -> plan/set/measured/tags -> value: deeper is not a row
+MAX_TEMPLATE_TEXT = 2000  # one template string (a note, a `where`): bounds what one substitution builds
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 SOURCE_KEYS = ("citation",)
 ROW_KEYS = ("id", "source", "where", "evidence", "tags", "model", "set", "hardware", "plan", "measured",
             "baseline", "note", "group", "pending")
@@ -167,20 +182,144 @@ def load_file(path: str | Path) -> list[Row]:
 def _load_file(path: str | Path) -> tuple[list[Row], list[Pending]]:
     file = str(path)
     data = load_yaml_file(Path(path))
-    check_keys(data, TOP_KEYS, file, "", required=TOP_KEYS)
+    check_keys(data, TOP_KEYS, file, "", required=("sources",) if isinstance(data, dict) and "tables" in data
+               else ("sources", "rows"))
     sources = _sources(data["sources"], file)
-    items = data["rows"]
-    if not isinstance(items, list) or not items:
+    items = data.get("rows")
+    if "rows" in data and (not isinstance(items, list) or not items):
         raise SpecError(expected="a non-empty list of rows", found=items, file=file, line=line_of(data, "rows"),
                         field="rows")
+    named = [(item, f"rows[{i}]") for i, item in enumerate(items or [])]
+    if "tables" in data:
+        named.extend(_tables(data, file))
     rows: list[Row] = []
     pending: list[Pending] = []
-    for i, item in enumerate(items):
+    for item, where in named:
         if isinstance(item, dict) and "pending" in item:
-            pending.append(_pending(item, sources, file, f"rows[{i}]"))
+            pending.append(_pending(item, sources, file, where))
         else:
-            rows.append(_row(item, sources, file, f"rows[{i}]"))
+            rows.append(_row(item, sources, file, where))
     return rows, pending
+
+
+# ----------------------------------------------------------------------------------------------- tables
+
+
+@dataclass
+class _Budget:
+    """What expanding the tables of one file may still build: YAML nodes and characters of text."""
+
+    nodes: int = MAX_NODES
+    chars: int = MAX_TABLE_CHARS
+
+
+def _tables(data: dict, file: str) -> list[tuple[Any, str]]:
+    """Every table row as a row mapping, with its location name (`tables[i].rows[k]`)."""
+    tables = data["tables"]
+    if not isinstance(tables, list) or not tables:
+        raise SpecError(expected="a non-empty list of tables (columns, template, rows)", found=tables, file=file,
+                        line=line_of(data, "tables"), field="tables")
+    budget = _Budget()
+    out: list[tuple[Any, str]] = []
+    for t, table in enumerate(tables):
+        out.extend(_expand_table(table, file, f"tables[{t}]", budget))
+    return out
+
+
+def _expand_table(table: Any, file: str, where: str, budget: _Budget) -> list[tuple[Any, str]]:
+    check_keys(table, TABLE_KEYS, file, where, required=TABLE_KEYS)
+    columns = _columns(table, file, where)
+    template = table["template"]
+    if not isinstance(template, dict) or not template:
+        raise _fail(table, "template", where, file, "a mapping: one row whose strings may name columns as {name}")
+    nodes = _check_template(template, columns, file, field_name(where, "template"), 1, line_of(table, "template"))
+    cells = table["rows"]
+    if not isinstance(cells, list) or not cells:
+        raise _fail(table, "rows", where, file, "a non-empty list of rows, one list of cells each")
+    budget.nodes -= nodes * len(cells)
+    if budget.nodes < 0:
+        raise _fail(table, "rows", where, file, f"tables that expand to at most {MAX_NODES:,} YAML nodes per file",
+                    f"{len(cells):,} rows of a {nodes}-node template are too many")
+    out = []
+    for k, values in enumerate(cells):
+        inner, line = f"{where}.rows[{k}]", line_of(cells, k)
+        if not isinstance(values, list) or len(values) != len(columns):
+            raise SpecError(expected=f"a list of {len(columns)} cells ({', '.join(columns)})", found=values,
+                            file=file, line=line, field=inner)
+        for name, value in zip(columns, values, strict=True):
+            _check_cell(value, file, line, field_name(inner, name))
+        out.append((_fill(template, dict(zip(columns, values, strict=True)), line, budget, file, inner), inner))
+    return out
+
+
+def _columns(table: dict, file: str, where: str) -> list[str]:
+    columns = table["columns"]
+    ok = isinstance(columns, list) and columns and all(
+        isinstance(c, str) and _PLACEHOLDER.fullmatch("{" + c + "}") for c in columns)
+    if not ok or len(set(columns)) != len(columns):
+        raise _fail(table, "columns", where, file, "a non-empty list of distinct names (letters, digits, _)")
+    return list(columns)
+
+
+def _check_template(node: Any, columns: Sequence[str], file: str, where: str, depth: int, line: int | None) -> int:
+    """Every {name} in a template string names a column; returns the template's node count."""
+    line = line_of(node) or line
+    if depth > MAX_TEMPLATE_DEPTH:
+        raise SpecError(expected=f"a row template nested at most {MAX_TEMPLATE_DEPTH} deep", found="deeper",
+                        file=file, line=line, field=where)
+    if isinstance(node, dict):
+        return 1 + sum(1 + _check_template(v, columns, file, field_name(where, str(k)), depth + 1,
+                                           line_of(node, k)) for k, v in node.items())
+    if isinstance(node, list):
+        return 1 + sum(_check_template(v, columns, file, f"{where}[{i}]", depth + 1, line_of(node, i))
+                       for i, v in enumerate(node))
+    if isinstance(node, str):
+        if len(node) > MAX_TEMPLATE_TEXT:
+            raise SpecError(expected=f"a template text of at most {MAX_TEMPLATE_TEXT} characters",
+                            found=f"{len(node):,} characters", file=file, line=line, field=where)
+        for name in _PLACEHOLDER.findall(node):
+            if name not in columns:
+                raise SpecError(f"unknown column {{{name}}}", expected="one of " + ", ".join(columns),
+                                file=file, line=line, field=where)
+    return 1
+
+
+def _check_cell(value: Any, file: str, line: int | None, where: str) -> None:
+    if isinstance(value, str):
+        ok = len(value) <= MAX_CELL_CHARS
+    elif isinstance(value, int) and not isinstance(value, bool):
+        ok = abs(value) <= 10**30  # the measured-value bound; also keeps str() of it short
+    else:
+        ok = value is None or isinstance(value, (bool, float))
+    if not ok:
+        raise SpecError(expected=f"a number (at most 1e30), true/false, null or a text of at most {MAX_CELL_CHARS}"
+                        " characters", found=value, file=file, line=line, field=where)
+
+
+def _fill(node: Any, cells: dict[str, Any], line: int | None, budget: _Budget, file: str, where: str) -> Any:
+    """The template with its placeholders replaced; every mapping and list reports the table row's line."""
+    if isinstance(node, dict):
+        out: Any = LineDict((k, _fill(v, cells, line, budget, file, where)) for k, v in node.items())
+        out.key_lines = dict.fromkeys(out, line or 0)
+    elif isinstance(node, list):
+        out = LineList(_fill(v, cells, line, budget, file, where) for v in node)
+        out.item_lines = [line or 0] * len(out)
+    elif isinstance(node, str):
+        whole = _PLACEHOLDER.fullmatch(node)
+        out = cells[whole.group(1)] if whole else _PLACEHOLDER.sub(lambda m: _text_of(cells[m.group(1)]), node)
+        budget.chars -= len(out) if isinstance(out, str) else 0
+        if budget.chars < 0:
+            raise SpecError(expected=f"tables that expand to at most {MAX_TABLE_CHARS:,} characters of text per file",
+                            found="more", file=file, line=line, field=where)
+        return out
+    else:
+        return node
+    out.line = line or 0
+    return out
+
+
+def _text_of(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _sources(node: Any, file: str) -> dict[str, str]:
@@ -361,10 +500,11 @@ def evaluate(rows: Sequence[Row], universe: Sequence[Row] | None = None) -> list
     """Predict every row. Ratio rows also predict their baseline, looked up in `universe` (default: `rows`)."""
     by_id = {r.id: r for r in (universe if universe is not None else rows)}
     cache: dict[str, Any] = {}
+    specs: dict[tuple[Any, ...], Any] = {}  # parsed model and hardware files, shared by the rows naming them
 
     def prediction(row: Row) -> Any:
         if row.id not in cache:
-            cache[row.id] = _predict(row)
+            cache[row.id] = _predict(row, specs)
         return cache[row.id][0]
 
     results = []
@@ -385,22 +525,28 @@ def evaluate(rows: Sequence[Row], universe: Sequence[Row] | None = None) -> list
     return results
 
 
-def _predict(row: Row) -> tuple[Any, int]:
-    """The prediction and the tokens per sample: a sequence model's input length (per-token units need one)."""
+def _predict(row: Row, specs: dict[tuple[Any, ...], Any] | None = None) -> tuple[Any, int]:
+    """The prediction and the tokens per sample: a sequence model's input length (per-token units need one).
+    `specs` keeps the model and hardware specs (frozen) already read, so that 1,000 rows on one hardware file
+    parse it once."""
     from dlperf.engine import predict
     from dlperf.spec.hardware import load_hardware
     from dlperf.spec.model import load_model
 
-    specs = []
-    loaders = (("model", lambda: load_model(row.model, row.sets)), ("hardware", lambda: load_hardware(row.hardware)))
+    specs = {} if specs is None else specs
+    loaded = []
+    loaders = ((("model", row.model, tuple(sorted(row.sets.items()))), lambda: load_model(row.model, row.sets)),
+               (("hardware", row.hardware), lambda: load_hardware(row.hardware)))
     for key, load in loaders:
         try:
-            specs.append(load())
+            if key not in specs:
+                specs[key] = load()
+            loaded.append(specs[key])
         except DlperfError as err:
             # the row is where the bad name is; the inner message keeps the model's own file and line, if any
-            raise DlperfError(str(err), file=row.file, line=row.line, field=f"rows[{row.id}].{key}") from None
+            raise DlperfError(str(err), file=row.file, line=row.line, field=f"rows[{row.id}].{key[0]}") from None
     try:
-        model, hardware = specs
+        model, hardware = loaded
         if row.unit in PER_TOKEN_UNITS and len(model.input_shape) != 1:
             raise SpecError(f"unit {row.unit} needs a sequence model", expected="a model whose input is [seq]",
                             found=list(model.input_shape))

@@ -618,3 +618,31 @@ def test_any_value_in_any_validation_field_gives_a_result_or_one_line(run, tmp_p
     check_outcome(code, out, err, allowed=(0, 1, 2), echoed=value)
     if code in (0, 1) and out:
         strict_json(out)
+
+
+# A compact `tables:` form (dlperf/validate.py): columns, a row template with {column} placeholders, rows of cells.
+TABLE_DATA = {
+    "sources": {"fixture": {"citation": "test fixture (not a measurement)"}},
+    "tables": [{
+        "columns": ["name", "devices", "value"],
+        "template": {
+            "id": "t-{name}", "source": "fixture", "where": "row {name}: {value}", "evidence": "unverified",
+            "tags": ["gpus{devices}"], "model": "gpt",
+            "set": {"layers": 2, "hidden": 64, "heads": 4, "seq": 128, "vocab": 1000}, "hardware": "dgx-a100",
+            "plan": {"devices": "{devices}", "global_batch": 8, "micro_batch": 8, "dtype": "fp16"},
+            "measured": {"value": "{value}", "unit": "samples_per_s"},
+        },
+        "rows": [["one", 1, 100]],
+    }],
+}
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(leaf_paths(TABLE_DATA)), value=hostile_values)
+def test_any_value_in_any_validation_table_field_gives_a_result_or_one_line(run, tmp_path_factory, path, value):
+    file = dump(tmp_path_factory.mktemp("t"), "table.yaml", mutate(TABLE_DATA, path, value))
+    code, out, err = run("validate", str(file), "--max-error", "1000", "--format", "json")
+    check_outcome(code, out, err, allowed=(0, 1, 2), echoed=value)
+    if code in (0, 1) and out:
+        strict_json(out)

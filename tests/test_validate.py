@@ -85,7 +85,8 @@ def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
     for path in default_files():
         data = yaml.safe_load(path.read_text())
         sources = data["sources"]
-        for row in data["rows"]:
+        templates = [table["template"] for table in data.get("tables", [])]  # one per table: every row's keys
+        for row in [*data.get("rows", []), *templates]:
             assert row.get("source") in sources, (path.name, row.get("id"))
             assert str(sources[row["source"]].get("citation", "")).strip(), row["source"]
             assert str(row.get("where", "")).strip(), row["id"]
@@ -94,7 +95,7 @@ def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
 
 def test_builtin_dataset_loads_with_unique_ids_and_known_units():
     rows, pending = load_dataset(), load_pending()
-    assert (len(rows), len(pending)) == (303, 96)
+    assert (len(rows), len(pending)) == (1743, 205)
     assert len({r.id for r in [*rows, *pending]}) == len(rows) + len(pending)
     assert {r.unit for r in [*rows, *pending]} <= set(UNITS)
     assert all(r.citation for r in [*rows, *pending])
@@ -206,6 +207,162 @@ def test_loader_rejects_a_file_without_sources(tmp_path):
     path = write(tmp_path, "rows: []\n")
     with pytest.raises(DlperfError, match="missing required key 'sources'"):
         load_dataset([path])
+
+
+# ----------------------------------------------------------------------------------------- tables
+
+TABLE = f"""\
+sources:
+  fixture:
+    citation: "test fixture (not a measurement)"
+tables:
+  - columns: [name, devices, batch, value]
+    template:
+      id: "t-{{name}}"
+      source: fixture
+      where: "row {{name}}: {{devices}} GPUs, {{value}} samples/s"
+      evidence: unverified
+      tags: [table, "gpus{{devices}}"]
+      model: gpt
+      set: {TINY_SET}
+      hardware: dgx-a100
+      plan: {{devices: "{{devices}}", dp: "{{devices}}", global_batch: "{{batch}}", micro_batch: 8, dtype: fp16}}
+      measured: {{value: "{{value}}", unit: samples_per_s}}
+    rows:
+      - [one, 1, 8, 100]
+      - [eight, 8, 64, 700.5]
+"""
+WRITTEN_OUT = f"""\
+sources:
+  fixture:
+    citation: "test fixture (not a measurement)"
+rows:
+  - id: t-one
+    source: fixture
+    where: "row one: 1 GPUs, 100 samples/s"
+    evidence: unverified
+    tags: [table, gpus1]
+    model: gpt
+    set: {TINY_SET}
+    hardware: dgx-a100
+    plan: {{devices: 1, dp: 1, global_batch: 8, micro_batch: 8, dtype: fp16}}
+    measured: {{value: 100, unit: samples_per_s}}
+  - id: t-eight
+    source: fixture
+    where: "row eight: 8 GPUs, 700.5 samples/s"
+    evidence: unverified
+    tags: [table, gpus8]
+    model: gpt
+    set: {TINY_SET}
+    hardware: dgx-a100
+    plan: {{devices: 8, dp: 8, global_batch: 64, micro_batch: 8, dtype: fp16}}
+    measured: {{value: 700.5, unit: samples_per_s}}
+"""
+
+
+def test_a_table_loads_as_its_rows_written_out(tmp_path):
+    from dataclasses import replace
+
+    table = load_dataset([write(tmp_path, TABLE)])
+    plain = load_dataset([write(tmp_path, WRITTEN_OUT, "plain.yaml")])
+    assert [replace(r, file="", line=0) for r in table] == [replace(r, file="", line=0) for r in plain]
+    # a whole-cell placeholder keeps the cell's type; errors and duplicates point at the table row's line
+    assert [(r.plan.devices, r.value, r.line) for r in table] == [(1, 100.0, 18), (8, 700.5, 19)]
+    both = write(tmp_path, TABLE + "rows:\n" + WRITTEN_OUT.split("rows:\n", 1)[1], "both.yaml")
+    with pytest.raises(DlperfError, match=r"both.yaml:\d+: rows\[t-one\].id: duplicate row id \(first at "):
+        load_dataset([both])
+
+
+BAD_TABLE = [
+    ("      - [one, 1, 8, 100]", "      - [one, 1, 8]", 18, "expected a list of 4 cells (name, devices, batch, value)"),
+    ("      - [one, 1, 8, 100]", "      - [one, 1, 8, [100]]", 18, "expected a number (at most 1e30)"),
+    ("      - [one, 1, 8, 100]", "      - [one, 1, 8, 1" + "0" * 40 + "]", 18, "expected a number (at most 1e30)"),
+    ("      - [one, 1, 8, 100]", "      - [" + "o" * 201 + ", 1, 8, 100]", 18, "a text of at most 200 characters"),
+    ("      - [eight, 8, 64, 700.5]", "      - [eight, 8, 64, -700.5]", 19, "expected a positive number"),
+    ("      - [eight, 8, 64, 700.5]", "      - [eight, 6, 64, 700.5]", 19, "global batch 64 is not divisible by dp=6"),
+    ("      - [eight, 8, 64, 700.5]", "      - [one, 8, 64, 700.5]", 19, "duplicate row id"),
+    ('      id: "t-{name}"', '      id: "t-{nme}"', 7, "unknown column {nme}; expected one of name, devices"),
+    ("      evidence: unverified", "      evidence: unverified\n      note: [[[x]]]", 11, "nested at most 4 deep"),
+    ("      evidence: unverified", "      note: " + "n" * 2001 + "\n      evidence: unverified", 10,
+     "a template text of at most 2000 characters"),
+    ("      evidence: unverified", "      evidnce: unverified", 18, "did you mean 'evidence'"),  # first row
+    ("  - columns: [name, devices, batch, value]", "  - columns: [name, name, batch, value]", 5,
+     "a non-empty list of distinct names"),
+    ("  - columns: [name, devices, batch, value]", "  - columns: [name, devices, batch, value]\n    rws: []", 6,
+     "did you mean 'rows'"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "line", "message"), BAD_TABLE)
+def test_bad_tables_give_one_line_at_the_table_row(tmp_path, old, new, line, message):
+    assert old in TABLE
+    path = write(tmp_path, TABLE.replace(old, new, 1))
+    with pytest.raises(DlperfError) as err:
+        load_dataset([path])
+    text = str(err.value)
+    assert message in text and "\n" not in text
+    # the line of the template for a bad template, else of the first table row whose expansion is wrong
+    assert text.startswith(f"{path}:{line}:"), text
+
+
+def test_table_expansion_is_budgeted_before_it_is_built(tmp_path):
+    from dlperf.spec.yamlio import MAX_NODES
+    from dlperf.validate import MAX_TABLE_CHARS
+
+    head, _ = TABLE.split("    rows:\n")
+    many = max(MAX_NODES // 30, 100)  # the template has 30+ nodes: more nodes than a file may expand to
+    path = write(tmp_path, head + "    rows:\n" + "".join(f"      - [r{i}, 1, 8, 100]\n" for i in range(many)))
+    with pytest.raises(DlperfError, match=f"at most {MAX_NODES:,} YAML nodes per file"):
+        load_dataset([path])
+    # long texts: 2,000 characters per row, more rows than MAX_TABLE_CHARS allows, well inside the node budget
+    note = '      note: "' + "n" * 1990 + '{name}"\n'
+    long = head.replace("      evidence: unverified", note + "      evidence: unverified")
+    count = MAX_TABLE_CHARS // 1990 + 10
+    path = write(tmp_path, long + "    rows:\n" + "".join(f"      - [r{i}, 1, 8, 100]\n" for i in range(count)))
+    with pytest.raises(DlperfError, match="characters of text per file"):
+        load_dataset([path])
+
+
+def test_a_file_needs_rows_or_tables(tmp_path):
+    path = write(tmp_path, 'sources:\n  fixture:\n    citation: "c"\n')
+    with pytest.raises(DlperfError, match="missing required key 'rows'"):
+        load_dataset([path])
+    path = write(tmp_path, 'sources:\n  fixture:\n    citation: "c"\ntables: []\n')
+    with pytest.raises(DlperfError, match="expected a non-empty list of tables"):
+        load_dataset([path])
+
+
+# ----------------------------------------------------------------------------------------- vTrain
+
+VTRAIN = DATA_DIR / "vtrain2024.yaml"
+
+
+def test_vtrain_rows_carry_the_csv_figures():
+    # VIA-Research/vTrain data/ground_truth_single.csv @f8dda847, line 2: 2 GPUs, global batch 16, micro batch 8,
+    # hidden 1024, 16 heads, 24 layers, seq 1024, TP 1 DP 1 PP 2: 372.160408 ms; line 1441: 4 GPUs, 64, 8, 1024,
+    # 16, 24, 1024, TP 1 DP 4 PP 1: 474.725583 ms.
+    rows = {r.id: r for r in load_dataset([VTRAIN])}
+    first = rows["vtrain-1n-L2-h1024-l24-g2-tp1-dp1-pp2-mb8-gb16"]
+    assert (first.value, first.unit, first.hardware) == (0.372160408, "iteration_time_s", "dgx-a100")
+    assert first.plan == Plan(devices=2, dp=1, tp=1, pp=2, global_batch=16, micro_batch=8, schedule="1f1b",
+                              recompute="full", dtype="fp16", optimizer="adam")
+    assert first.sets == {"hidden": 1024, "heads": 16, "layers": 24, "seq": 1024, "vocab": 50257}
+    last = rows["vtrain-1n-L1441-h1024-l24-g4-tp1-dp4-pp1-mb8-gb64"]
+    assert last.value == 0.474725583 and "iteration time (ms) 474.725583" in last.where
+    assert len(rows) == 1440 and {r.source for r in rows.values()} == {"vtrain-single-node"}
+    pending = load_pending([VTRAIN])
+    assert len(pending) == 109 and all("800 Gb/s" in p.waits_for["cluster-network"] for p in pending)
+    # 175B, 512 GPUs, TP 4 DP 4 PP 32, micro-batch 2 was measured twice (CSV lines 92 and 93); both are kept
+    twice = [p.value for p in pending if p.plan["tp"] == 4 and p.plan["pp"] == 32 and p.plan["micro_batch"] == 2]
+    assert twice == [53.9096, 53.9379]
+
+
+def test_vtrain_seconds_are_the_published_milliseconds():
+    data = yaml.safe_load(VTRAIN.read_text())
+    for table in data["tables"]:
+        ms, s = table["columns"].index("ms"), table["columns"].index("s")
+        for cells in table["rows"]:
+            assert isinstance(cells[ms], str) and float(cells[ms]) / 1000 == pytest.approx(cells[s], rel=1e-12)
 
 
 # ----------------------------------------------------------------------------------------- arithmetic
@@ -525,6 +682,16 @@ def test_zero3_vs_ptdp_plans_rank_right(results):
 def test_bloom_topology_plans_rank_right(results):
     chosen = [r for r in results if r.row.source == "bigscience-tr11-prequel"]
     assert median_spearman(chosen) >= 0.9 and mean_abs_error(chosen) <= 10.0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "vTrain single-node rows (1,440 Megatron-DeepSpeed runs, 0.3-1.3B GPT on 2-8 A100s of one node): MAE 21.4%, "
+    "signed -13.2%: too fast where a GPU has little work per kernel: TP 8 -46%, micro-batch 1 -29%, hidden 1024 "
+    "-23% (TP 1 -3%, micro-batch 8 +12%, hidden 2048 -4%); the fixed per-kernel and per-micro-batch costs of "
+    "the BLOOM rows, on small models. 15% is issue 14's bound for new public rows"))
+def test_vtrain_single_node_rows_within_15_percent(results):
+    chosen = [r for r in results if r.row.source == "vtrain-single-node"]
+    assert len(chosen) == 1440 and mean_abs_error(chosen) <= 15.0
 
 
 def test_mixed_precision_pairs_rank_right(results):
