@@ -7,7 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlperf.comm import CommError, Compression, Group, collective_time, compressed_allreduce_time, parse_compression
+from dlperf.comm import (
+    CommError,
+    Compression,
+    Group,
+    collective_time,
+    compressed_allreduce_time,
+    nccl,
+    parse_compression,
+)
 from dlperf.comm.compression import sparse_allgather_pays, sparse_allreduce_times
 from dlperf.spec.hardware import hardware_from_dict
 
@@ -19,6 +27,7 @@ HW = hardware_from_dict({
                 {"name": "ib", "bandwidth": "10 GB/s", "latency": "10 us"}],
 }, "node.yaml")
 A, B, MEM = 2e-6, 1e-11, 9e11
+CALL = nccl.CALL_OVERHEAD["intra"]  # every collective call's start-up (hand-built sparse algorithms too)
 M, GAMMA = 1e6, 4.0
 DENSE = 6 * A + 1.75 * 4e6 * B  # Rabenseifner on 4 MB is the fastest textbook dense allreduce here
 TEXTBOOK = "auto:textbook"  # the hand arithmetic below is the survey's alpha-beta model, not NCCL's tuner
@@ -70,23 +79,23 @@ def test_sparse_algorithms_by_hand() -> None:
     assert times["allgather"] == pytest.approx(collective_time("allgather", 8 * 8e4, Group(8), HW))
     assert collective_time("allgather", 8 * 8e4, Group(8), HW, TEXTBOOK) == pytest.approx(3 * A + 7 * 8e4 * B)
     # recursive doubling, no fill cap yet: 8e4 + 1.6e5 + 3.2e5
-    assert times["recursive_doubling"] == pytest.approx(3 * A + 5.6e5 * B)
+    assert times["recursive_doubling"] == pytest.approx(3 * A + 5.6e5 * B + CALL)
     # halving sends min(m*gamma/2d, k/2 * 8) = 4e4 three times; allgather moves 4+2+1 regions of min(5e5, 8e4)
-    assert times["rs_ag"] == pytest.approx(6 * A + (1.2e5 + 5.6e5) * B)
+    assert times["rs_ag"] == pytest.approx(6 * A + (1.2e5 + 5.6e5) * B + CALL)
 
 
 def test_fill_in_caps_at_dense_and_flags_slower_than_dense() -> None:
     # density 0.2: k*(gamma+idx) = 1.6e6 B; recursive doubling rounds 1.6e6, 3.2e6, then capped at m*gamma = 4e6
     times = sparse_allreduce_times(M, GAMMA, 0.2, Group(8), HW)
-    assert times["recursive_doubling"] == pytest.approx(3 * A + 8.8e6 * B)
+    assert times["recursive_doubling"] == pytest.approx(3 * A + 8.8e6 * B + CALL)
     # rs_ag: halving min(2e6, 8e5) + min(1e6, 8e5) + min(5e5, 8e5); regions min(5e5, 1.6e6) * 7
-    assert times["rs_ag"] == pytest.approx(6 * A + (2.1e6 + 3.5e6) * B)
+    assert times["rs_ag"] == pytest.approx(6 * A + (2.1e6 + 3.5e6) * B + CALL)
     time, detail = compressed_allreduce_time(M, GAMMA, "topk:0.2", Group(8), HW)
     assert detail.algorithm == "rs_ag" and detail.comm_time < detail.dense_time
     # selection 2m*gamma + k bytes, decode m*gamma + P k bytes, error feedback 2m*gamma
     work = (8e6 + 1.6e6 + 4e6 + 8 * 1.6e6 + 8e6) / MEM
     assert detail.compute_time == pytest.approx(work)
-    assert time == pytest.approx(6 * A + 5.6e6 * B + work)
+    assert time == pytest.approx(6 * A + 5.6e6 * B + CALL + work)
     assert detail.slower_than_dense is True  # the compute eats the saving
     time, detail = compressed_allreduce_time(M, GAMMA, "topk:0.01", Group(8), HW)
     assert detail.slower_than_dense is False and time < DENSE

@@ -435,11 +435,10 @@ def _comm() -> Any:
 
 
 def _tp_comm_fn(comm: Any, hw: Hardware, plan: Plan) -> Any:
-    """A tensor-parallel collective as the step runs it: NCCL's own time plus the launch of its kernel, which
-    NCCL's cost model leaves out (it prices the algorithm, not the launch every choice shares)."""
+    """A tensor-parallel collective as the step runs it: NCCL's time, whose per-call overhead (fitted to
+    nccl-tests tables, dlperf.comm.nccl.CALL_OVERHEAD) includes the launch of its kernel."""
     group = comm.Group(plan.tp, 1)
-    launch = hw.device.launch_latency
-    return lambda op, nbytes: comm.collective_time(op, nbytes, group, hw) + launch
+    return lambda op, nbytes: comm.collective_time(op, nbytes, group, hw)
 
 
 def _overlap_contention(hw: Hardware, span: int) -> float:
