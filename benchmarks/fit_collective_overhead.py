@@ -24,12 +24,17 @@ from dlperf.spec.hardware import load_hardware
 
 TABLES = Path(__file__).resolve().parent.parent / "dlperf" / "data" / "nccl_tests"
 UP_TO = 4 * 2**20  # bytes: where the fixed term dominates
+# vTrain's all-reduce tables were measured on the machines of the vTrain training runs `dlperf validate` scores:
+# held out of the fit, so that neither those runs nor their own cluster's microbenchmarks set the constant.
+HELD_OUT = "vtrain-"
 
 
 def gaps() -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"one node": [], "across nodes": []}
     for path in sorted(TABLES.glob("*.yaml")):
         table = yaml.safe_load(path.read_text())
+        if table["name"].startswith(HELD_OUT):
+            continue
         hw = load_hardware(table["hardware"])
         where = "one node" if table["nodes"] == 1 else "across nodes"
         rows = [r for r in table["rows"] if r[0] <= UP_TO]
