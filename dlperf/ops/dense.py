@@ -371,10 +371,26 @@ def _cross_entropy_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ..
     depth = 2 * clog2(layer.in_shape[-1])
     impl = layer["impl"]
     if impl == "megatron":
-        return _megatron_loss(n, batch * numel(layer.in_shape[:-1]), depth, e)
-    if impl == "torch":
-        return _torch_loss(n, depth, e)
-    return _fused_loss(n, depth, e)
+        loss = _megatron_loss(n, batch * numel(layer.in_shape[:-1]), depth, e)
+    elif impl == "torch":
+        loss = _torch_loss(n, depth, e)
+    else:
+        loss = _fused_loss(n, depth, e)
+    return (*loss, _metric_kernel(layer["metrics"], n, e, depth)) if layer["metrics"] else loss
+
+
+def _metric_kernel(metrics: Any, n: Any, e: int, depth: Any) -> Kernel:
+    """Training metrics that recompute the loss from the logits after every micro-batch's backward pass, without
+    gradient: composer's trainer calls `_eval_train_metrics` after `loss.backward()` in `_train_microbatch`
+    (composer/trainer/trainer.py @1c9d8d17 = v0.16.4, and @7e0e40a7 = v0.17.2), and llm-foundry's MPT registers
+    LanguageCrossEntropy and LanguagePerplexity (llmfoundry/models/mpt/modeling_mpt.py @v0.3.0, and @5e85bd62
+    with use_train_metrics defaulting to true), each a torch.nn.CrossEntropyLoss(reduction='sum') over the
+    logits (composer/metrics/nlp.py), which autocast runs in fp32. Per metric, 3 kernels over the n logits: the
+    cast to fp32 (read e, write 4 bytes), log_softmax (read and write 4 bytes, ~5 FLOPs) and nll_loss (reads one
+    entry a row). It runs after the backward pass, so it is timed with it and never recomputed; it is not model
+    work."""
+    cost = Cost(bwd_data_flops=metrics * 5 * n, bwd_bytes=metrics * (e + 3 * FP32) * n, depth=0, bwd_depth=depth)
+    return Kernel("train_metrics", "transcendental", cost, bwd_launches=3 * metrics, model_work_scale=0)
 
 
 def _cross_entropy_saved(layer: Layer, e: int) -> Any:
@@ -391,7 +407,7 @@ def _cross_entropy_check(shape: tuple, a: dict) -> None:
 
 
 CROSS_ENTROPY = OpRule(
-    attrs={"impl": "fused"},
+    attrs={"impl": "fused", "metrics": 0},
     shape=lambda s, a: (1,),
     kernels=_cross_entropy_kernels,
     saved=_cross_entropy_saved,
