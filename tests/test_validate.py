@@ -122,8 +122,16 @@ def test_new_sources_carry_the_published_figures():
     # llm-foundry README, "A100 80GB ... (RoCE)" table, row 1b | 2048 | 8 GPUs | MicroBatchSize 14 | GradAccum 4.
     mpt = rows["llmfoundry-a100-1b-s2048-g8-mb14"]
     assert (mpt.value, mpt.unit) == (164109, "tokens_per_s")
-    assert mpt.plan == Plan(devices=8, dp=8, global_batch=448, micro_batch=14, zero=3, dtype="bf16")
-    assert (mpt.model, mpt.sets) == ("mpt", {"hidden": 2048, "heads": 16, "layers": 24, "seq": 2048})
+    # MP Mode DEFAULT: composer reduces gradients in fp32; attn_impl: submit_benchmarks.py's default, triton
+    assert mpt.plan == Plan(devices=8, dp=8, global_batch=448, micro_batch=14, zero=3, dtype="bf16",
+                            grad_dtype="fp32")
+    assert (mpt.model, mpt.sets) == ("mpt", {"hidden": 2048, "heads": 16, "layers": 24, "seq": 2048,
+                                             "triton_attention": True})
+    # the Large Scale table set attn_impl per model (sweep.py @5e85bd62): flash for 70b, triton for 30b
+    assert "triton_attention" not in rows["llmfoundry-h100-70b-s2048-g512-mb8"].sets
+    assert rows["llmfoundry-h100-30b-s2048-g512-mb8"].sets["triton_attention"] is True
+    # MP Mode PURE (the A100 70b rows): bf16 reduction
+    assert rows["llmfoundry-a100-70b-s2048-g64-mb8"].plan.grad_dtype is None
     # Narayanan 2021 Table 2: ZeRO-3 on 1536 GPUs reaches 44 TF/s per GPU at batch 1536, microbatch 1.
     zero3 = rows["narayanan2021-t2-175b-zero3-1536"]
     assert (zero3.value, zero3.plan.zero, zero3.plan.data_parallel, zero3.plan.micro) == (44, 3, 1536, 1)

@@ -185,10 +185,10 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
 
 CAUSAL_SPEEDUP = 1.75  # "around 1.7-1.8x" faster with the causal mask (Dao 2023, section 3.1.1): the midpoint
 # FlashAttention in Triton (Tri Dao's flash_attn_triton.py on Phil Tillet's Triton kernel) against FlashAttention-2,
-# measured on an A100 80GB SXM4 over seqlen 512-16k, head dim 64/128, with and without the causal mask: "FlashAttention-2
-# is around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and around 2x faster in the backward
-# pass" (Dao 2023, arXiv:2307.08691, section 4.1). (forward, backward) time of the Triton kernel over the
-# FlashAttention-2 curve's: the midpoint 1.4, and 2.
+# measured on an A100 80GB SXM4 over seqlen 512-16k, head dim 64/128, with and without the causal mask:
+# "FlashAttention-2 is around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and around 2x faster
+# in the backward pass" (Dao 2023, arXiv:2307.08691, section 4.1). (forward, backward) time of the Triton kernel
+# over the FlashAttention-2 curve's: the midpoint 1.4, and 2.
 TRITON_SLOWDOWN = (1.4, 2.0)
 
 
