@@ -160,3 +160,19 @@ def test_training_metrics_cost_time_not_model_flops(tmp_path) -> None:
     slower, faster = predict(with_metrics, hw, plan), predict(without, hw, plan)
     assert slower.step_time_s > faster.step_time_s
     assert slower.breakdown_s["compute/forward"] == pytest.approx(faster.breakdown_s["compute/forward"])
+
+
+def test_grad_dtype_on_the_command_line(run) -> None:
+    import json
+
+    args = ["predict", "mpt", "dgx-h100", "--set", "layers=2", "--set", "hidden=1024", "--set", "heads=8",
+            "--gpus", "16", "--dp", "16", "--zero", "3", "--global-batch", "16", "--format", "json"]
+    code, out, _ = run(*args)
+    code32, out32, _ = run(*args, "--grad-dtype", "fp32")
+    assert code == code32 == 0
+    bf16, fp32 = json.loads(out), json.loads(out32)
+    assert fp32["plan"]["grad_dtype"] == "fp32"
+    assert fp32["memory"]["gradients"] == pytest.approx(2 * bf16["memory"]["gradients"])
+    assert fp32["step_time_s"] >= bf16["step_time_s"]
+    code, _, err = run(*args, "--grad-dtype", "fp7")
+    assert code == 2 and "fp7" in err
