@@ -440,8 +440,10 @@ def _sets(node: dict, where: str, file: str) -> dict[str, int]:
     if not isinstance(sets, dict):
         raise _fail(node, "set", where, file, "a mapping of model parameter to positive integer")
     for key, value in sets.items():
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**53:
-            raise _fail(sets, key, field_name(where, "set"), file, "a positive integer (at most 2**53)")
+        if isinstance(value, bool):  # a switch (flash, triton_attention): the model loader checks it is one
+            continue
+        if not isinstance(value, int) or not 1 <= value <= 2**53:
+            raise _fail(sets, key, field_name(where, "set"), file, "a positive integer (at most 2**53) or true/false")
     return {str(k): v for k, v in sets.items()}
 
 

@@ -114,13 +114,13 @@ def test_zero3_gathers_pay_their_first_block_latency_and_contention():
                            + nbytes / 1e9)
     stolen = 0.2  # the fraction of the SMs the gathers' channels hold while they overlap compute
     # 10 blocks of 1 MB: gather 2 ms and reduce-scatter 1.5 ms per block; forward 1 ms, backward 5 ms per block
-    total, exposed = _zero3_per_micro(comm, None, None, 10e6, 10, 10e-3, 50e-3, True, stolen)
+    total, exposed = _zero3_per_micro(comm, None, None, 10e6, 10e6, 10, 10e-3, 50e-3, True, stolen)
     g, r = 2e-3, 1.5e-3
     assert total == pytest.approx(10 * (2 * g + r))
     forward = g + 9 * ((g - 1e-3) + stolen * 1e-3)  # the link is the bottleneck: 1 ms per block shows
     backward = g + 9 * stolen * (g + r) + r  # hidden behind 5 ms of compute, but slowing it
     assert exposed == pytest.approx(forward + backward)
-    assert _zero3_per_micro(comm, None, None, 10e6, 10, 10e-3, 50e-3, False, stolen) == (total, total)
+    assert _zero3_per_micro(comm, None, None, 10e6, 10e6, 10, 10e-3, 50e-3, False, stolen) == (total, total)
 
 
 def test_zero3_over_hundreds_of_ranks_is_not_free():

@@ -79,6 +79,10 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam"]), default="adam",
                      show_default=True, help="Optimizer update rule."),
         click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's)."),
+        click.option("--grad-dtype", type=DTYPE_CHOICES, default=None,
+                     help="Dtype gradients are reduced and kept in (default: the compute dtype's storage type; fp32 "
+                          "= FSDP MixedPrecision reduce_dtype fp32, composer's 'DEFAULT'); parameters are still "
+                          "gathered in the compute dtype."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -107,7 +111,8 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         parameter_server=opts.get("parameter_server", 0), optimizer=opts.get("optimizer", "adam"),
         hybrid_fc=opts.get("hybrid_fc", False), tp_overlap=opts.get("tp_overlap", False),
         fp8_param_gather=opts.get("fp8_param_gather", False),
-        dtype=opts.get("dtype"), ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
+        dtype=opts.get("dtype"), grad_dtype=opts.get("grad_dtype"),
+        ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
         moe_imbalance=opts.get("moe_imbalance"), ep_overlap=opts.get("ep_overlap", False),
     )
     if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:

@@ -119,12 +119,19 @@ def gemm_quantization(kernel: Kernel, device: Device, dtype: str, divisor: Any, 
     return q(m, n, k), (data * q(m, k, n) + weight * q(k, n, m)) / (data + weight)
 
 
+def compute_stretch(kernel: Kernel, device: Device, dtype: str, divisor: Any, tp_dim: str | None) -> tuple[Any, Any]:
+    """(forward, backward) factors (>= 1) on a kernel's compute time: its GEMM tile and wave quantization times
+    the implementation's own `slowdown` against its class's curve."""
+    q_fwd, q_bwd = gemm_quantization(kernel, device, dtype, divisor, tp_dim)
+    return q_fwd * kernel.slowdown[0], q_bwd * kernel.slowdown[1]
+
+
 def kernel_times(kernel: Kernel, device: Device, dtype: str, divisor: Any = 1,
                  tp_dim: str | None = None) -> tuple[Any, Any]:
     """(forward, backward) seconds of a kernel whose work is split `divisor` ways (tensor/sequence parallel);
     `tp_dim` says which GEMM dimension the split divides when the kernel does not say itself."""
     c = kernel.cost
-    q_fwd, q_bwd = gemm_quantization(kernel, device, dtype, divisor, kernel.tp_dim or tp_dim)
+    q_fwd, q_bwd = compute_stretch(kernel, device, dtype, divisor, kernel.tp_dim or tp_dim)
     fwd_launches, bwd_launches = kernel.phase_launches
     fwd = phase_time(c.fwd_flops / divisor, c.fwd_bytes / divisor, fwd_launches, kernel.cls, device, dtype, q_fwd)
     bwd = phase_time(kernel.bwd_flops / divisor, c.bwd_bytes / divisor, bwd_launches, kernel.cls, device, dtype,

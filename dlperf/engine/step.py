@@ -486,12 +486,18 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     gather unit (a repeated block) at a time: see `_zero3_per_micro`. Megatron-LM issues the reduction after the
     pipeline flush, so with pp > 1 it is exposed unless overlap is forced. The survey's sharded parameter server
     and compressed allreduce replace the allreduce when the plan asks for them.
+
+    Reductions move gradients in the plan's grad_dtype; gathers move weights in the compute dtype's storage type
+    whatever the gradients' (FSDP's MixedPrecision: param_dtype for all-gathers, reduce_dtype for
+    reduce-scatters; composer's 'DEFAULT' is bf16 / fp32, composer/trainer/mosaic_fsdp_utils.py
+    get_mixed_precision @1c9d8d17 = v0.16.4).
     """
     dp = plan.data_parallel
     params = slow.dp_params
     if dp == 1 or not params:
         return 0.0, 0.0, 0.0, 0.0
-    grad_bytes = params * element_bytes(plan.grad_dtype or ("fp32" if dtype in ("fp32", "tf32") else dtype))
+    weight_bytes = params * element_bytes("fp32" if dtype in ("fp32", "tf32") else dtype)
+    grad_bytes = params * element_bytes(plan.grad_dtype) if plan.grad_dtype else weight_bytes
     group = comm.Group(dp, plan.tp)
     overlap = plan.overlap if plan.overlap is not None else plan.pp == 1
 
@@ -518,12 +524,12 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
         total = comm.collective_time("allreduce", grad_bytes, group, hw)
         return total, hidden_behind(total, window, last_bucket), 0.0, 0.0
     if plan.zero == 3:
-        return (0.0, 0.0) + _zero3_per_micro(comm, hw, group, grad_bytes, units, slow.forward_window, window,
-                                             overlap, stolen)
+        return (0.0, 0.0) + _zero3_per_micro(comm, hw, group, weight_bytes, grad_bytes, units, slow.forward_window,
+                                             window, overlap, stolen)
     reduce = comm.collective_time("reduce_scatter", grad_bytes, group, hw)
     # FP8 parameter all-gather (Megatron-LM --fp8-param-gather; torchtitan/FSDP2 enable_fsdp_float8_all_gather):
     # the sharded parameters travel as their FP8 casts, one byte each
-    gather = comm.collective_time("allgather", params * FP8_BYTES if plan.fp8_param_gather else grad_bytes,
+    gather = comm.collective_time("allgather", params * FP8_BYTES if plan.fp8_param_gather else weight_bytes,
                                   group, hw)
     if plan.zero == 1:
         return reduce + gather, hidden_behind(reduce, window, last_bucket) + gather, 0.0, 0.0
@@ -531,12 +537,13 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     return gather, gather, reduce, hidden_behind(reduce, window, last_bucket)
 
 
-def _zero3_per_micro(comm: Any, hw: Hardware, group: Any, nbytes: float, units: int, forward: Any, backward: Any,
-                     overlap: bool, stolen: float = 0.0) -> tuple[Any, Any]:
+def _zero3_per_micro(comm: Any, hw: Hardware, group: Any, weight_bytes: float, grad_bytes: float, units: int,
+                     forward: Any, backward: Any, overlap: bool, stolen: float = 0.0) -> tuple[Any, Any]:
     """(total, exposed) ZeRO-3 communication of one micro-batch: what limits hiding the parameter gathers.
 
     - Granularity: parameters are gathered one unit at a time (FSDP wraps each transformer block; Zhao et al.
-      2023, "PyTorch FSDP", VLDB, section 3.2), so each of the L units pays a collective of nbytes/L with its own
+      2023, "PyTorch FSDP", VLDB, section 3.2), so each of the L units gathers weight_bytes/L and reduce-scatters
+      grad_bytes/L (the two differ under a reduce dtype wider than the weights'), each collective with its own
       latency term: over hundreds of ranks a ring's (p-1) steps of latency recur L times per pass
       (Rajbhandari et al. 2021, ZeRO-Infinity, section 6.2 sizes its bandwidth-centric partitioning around
       exactly this).
@@ -553,8 +560,8 @@ def _zero3_per_micro(comm: Any, hw: Hardware, group: Any, nbytes: float, units: 
     Sanity check, never a fit: Narayanan et al. 2021 (Table 2 and section 5.4) measured ZeRO-3 at 768-2240 A100s
     3-5x slower than a bandwidth bound would suggest."""
     L = max(int(units), 1)
-    g = comm.collective_time("allgather", nbytes / L, group, hw)
-    r = comm.collective_time("reduce_scatter", nbytes / L, group, hw)
+    g = comm.collective_time("allgather", weight_bytes / L, group, hw)
+    r = comm.collective_time("reduce_scatter", grad_bytes / L, group, hw)
     total = L * (2 * g + r)
     if not overlap:
         return total, total

@@ -11,7 +11,7 @@ from typing import Any
 
 import sympy
 
-from dlperf.engine.device import MATRIX_CLASSES, compute_efficiency, gemm_quantization, memory_efficiency, startup_time
+from dlperf.engine.device import MATRIX_CLASSES, compute_efficiency, compute_stretch, memory_efficiency, startup_time
 from dlperf.engine.layers import Use, element_bytes
 from dlperf.engine.stage import conv_choice, use_kernels
 from dlperf.engine.work import model_cost
@@ -38,7 +38,7 @@ def step_time_expr(model: Model, hw: Hardware, dtype: str, choose_at: int = 1) -
             kernels[0] = algorithm_kernel(layer, conv_choice(use, choose_at, e, hw, storage_dtype(dtype), 1)[1],
                                           B, e)
         for kernel, numeric in zip(kernels, at_choice, strict=True):
-            quantization = gemm_quantization(numeric, hw.device, kernel_dtype(numeric, dtype), 1, None)
+            quantization = compute_stretch(numeric, hw.device, kernel_dtype(numeric, dtype), 1, None)
             total += count * _kernel_expr(kernel, hw, dtype, quantization)
     return total
 
@@ -157,7 +157,7 @@ def elasticities(model: Model, hw: Hardware, dtype: str, batch: int) -> dict[str
     for layer, count in model.counted():
         for kernel in use_kernels(Use(layer, count, False), batch, e, hw, dtype, 1, layer in fp8):
             own = kernel_dtype(kernel, dtype)
-            factors = _phase_factors(kernel, gemm_quantization(kernel, hw.device, own, 1, None))
+            factors = _phase_factors(kernel, compute_stretch(kernel, hw.device, own, 1, None))
             for (flops, nbytes, launches), q in zip(_phases(kernel), factors, strict=True):
                 flops = flops * q
                 compute, memory, rate_name = _branches(kernel, flops, nbytes, launches, hw, dtype, top)

@@ -56,6 +56,8 @@ class Kernel:
     scales its time by the load-imbalance or capacity factor). `framework_ops` is how many operators the
     framework issues for the kernel's forward launches, which is what the host pays for (None: one per launch;
     cuDNN launches a Winograd or FFT convolution's transform kernels from C++ inside one conv2d call).
+    `slowdown` is (forward, backward) time of this implementation over what its class's curve gives, for a kernel
+    measured only relative to the one the curve describes (FlashAttention in Triton against FlashAttention-2).
     """
 
     name: str
@@ -72,6 +74,7 @@ class Kernel:
     dtype: str | None = None
     expert: bool = False
     framework_ops: Any = None
+    slowdown: tuple[float, float] = (1.0, 1.0)
 
     @property
     def backward_launches(self) -> Any:

@@ -184,6 +184,12 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
 
 
 CAUSAL_SPEEDUP = 1.75  # "around 1.7-1.8x" faster with the causal mask (Dao 2023, section 3.1.1): the midpoint
+# FlashAttention in Triton (Tri Dao's flash_attn_triton.py on Phil Tillet's Triton kernel) against FlashAttention-2,
+# measured on an A100 80GB SXM4 over seqlen 512-16k, head dim 64/128, with and without the causal mask:
+# "FlashAttention-2 is around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and around 2x faster
+# in the backward pass" (Dao 2023, arXiv:2307.08691, section 4.1). (forward, backward) time of the Triton kernel
+# over the FlashAttention-2 curve's: the midpoint 1.4, and 2.
+TRITON_SLOWDOWN = (1.4, 2.0)
 
 
 def _flash_kernel(layer: Layer, core: Cost, qkv_bytes: Any, out_bytes: Any, recompute: Any) -> Kernel:
@@ -202,13 +208,19 @@ def _flash_kernel(layer: Layer, core: Cost, qkv_bytes: Any, out_bytes: Any, reco
     `flash_version` picks the kernel generation and with it the device curve:
     2 = FlashAttention-2 (the flash-attn 2 package, PyTorch SDPA's flash backend), class `attention`;
     3 = FlashAttention-3 class kernels for Hopper (Shah et al. 2024; Transformer Engine's cuDNN fused attention is
-    of that generation), class `attention_fa3`, which falls back to `attention` on devices without one."""
+    of that generation), class `attention_fa3`, which falls back to `attention` on devices without one.
+    `triton` is FlashAttention written in Triton (llm-foundry's attn_impl: triton runs a copy of Tri Dao's
+    flash_attn_triton.py): the FlashAttention-2 curve stretched by TRITON_SLOWDOWN per pass. That ratio was
+    measured on an A100; on an H100 it is carried over, both kernels running there without Hopper's own
+    instructions (FlashAttention-2 "using no special instructions", Dao 2023 section 4.1; the Triton kernel is
+    compiled by the pre-MLIR Triton, which predates Hopper's wgmma)."""
     skip = CAUSAL_SPEEDUP if layer["causal"] and layer["kv_seq"] == layer.in_shape[-2] else 1
     flops = (core.fwd_flops / skip, core.bwd_data_flops / skip, core.bwd_weight_flops)
     fused = Cost(*flops, fwd_bytes=qkv_bytes + out_bytes, bwd_bytes=2 * qkv_bytes + 2 * out_bytes,
                  depth=core.depth, bwd_depth=core.bwd_depth)
-    cls = "attention_fa3" if layer["flash_version"] == 3 else "attention"
-    return Kernel("flash_attention", cls, fused, bwd_recompute_flops=recompute / skip, model_work_scale=skip)
+    cls = "attention_fa3" if layer["flash_version"] == 3 and not layer["triton"] else "attention"
+    return Kernel("flash_attention", cls, fused, bwd_recompute_flops=recompute / skip, model_work_scale=skip,
+                  slowdown=TRITON_SLOWDOWN if layer["triton"] else (1.0, 1.0))
 
 
 def _attention_params(s: tuple, a: dict) -> Any:
@@ -243,6 +255,9 @@ def _attention_check(shape: tuple, a: dict) -> None:
 
     if isinstance(a["heads"], int) and isinstance(a["kv_heads"], int) and a["heads"] % a["kv_heads"]:
         raise ShapeError(expected="heads divisible by kv_heads", found=f"{a['heads']} heads, {a['kv_heads']}")
+    if a["triton"] and not a["flash"]:
+        raise ShapeError("triton", expected="flash: true (FlashAttention in Triton is a fused kernel)",
+                         found="flash: false")
     if a["flash_version"] not in (2, 3):
         raise ShapeError("flash_version", expected="2 (FlashAttention-2) or 3 (FlashAttention-3)",
                          found=a["flash_version"])
@@ -255,7 +270,8 @@ def _attention_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
 
 ATTENTION = OpRule(
     attrs={"heads": REQUIRED, "head_dim": None, "kv_heads": None, "causal": False, "bias": True,
-           "flash": False, "kv_seq": None, "out": None, "dropout": 0.0, "qkv_bias": False, "flash_version": 2},
+           "flash": False, "kv_seq": None, "out": None, "dropout": 0.0, "qkv_bias": False, "flash_version": 2,
+           "triton": False},
     shape=lambda s, a: (*s[:-1], a["out"]),
     params=_attention_params,
     kernels=_attention_kernels,
@@ -355,10 +371,26 @@ def _cross_entropy_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ..
     depth = 2 * clog2(layer.in_shape[-1])
     impl = layer["impl"]
     if impl == "megatron":
-        return _megatron_loss(n, batch * numel(layer.in_shape[:-1]), depth, e)
-    if impl == "torch":
-        return _torch_loss(n, depth, e)
-    return _fused_loss(n, depth, e)
+        loss = _megatron_loss(n, batch * numel(layer.in_shape[:-1]), depth, e)
+    elif impl == "torch":
+        loss = _torch_loss(n, depth, e)
+    else:
+        loss = _fused_loss(n, depth, e)
+    return (*loss, _metric_kernel(layer["metrics"], n, e, depth)) if layer["metrics"] else loss
+
+
+def _metric_kernel(metrics: Any, n: Any, e: int, depth: Any) -> Kernel:
+    """Training metrics that recompute the loss from the logits after every micro-batch's backward pass, without
+    gradient: composer's trainer calls `_eval_train_metrics` after `loss.backward()` in `_train_microbatch`
+    (composer/trainer/trainer.py @1c9d8d17 = v0.16.4, and @7e0e40a7 = v0.17.2), and llm-foundry's MPT registers
+    LanguageCrossEntropy and LanguagePerplexity (llmfoundry/models/mpt/modeling_mpt.py @v0.3.0, and @5e85bd62
+    with use_train_metrics defaulting to true), each a torch.nn.CrossEntropyLoss(reduction='sum') over the
+    logits (composer/metrics/nlp.py), which autocast runs in fp32. Per metric, 3 kernels over the n logits: the
+    cast to fp32 (read e, write 4 bytes), log_softmax (read and write 4 bytes, ~5 FLOPs) and nll_loss (reads one
+    entry a row). It runs after the backward pass, so it is timed with it and never recomputed; it is not model
+    work."""
+    cost = Cost(bwd_data_flops=metrics * 5 * n, bwd_bytes=metrics * (e + 3 * FP32) * n, depth=0, bwd_depth=depth)
+    return Kernel("train_metrics", "transcendental", cost, bwd_launches=3 * metrics, model_work_scale=0)
 
 
 def _cross_entropy_saved(layer: Layer, e: int) -> Any:
@@ -375,7 +407,7 @@ def _cross_entropy_check(shape: tuple, a: dict) -> None:
 
 
 CROSS_ENTROPY = OpRule(
-    attrs={"impl": "fused"},
+    attrs={"impl": "fused", "metrics": 0},
     shape=lambda s, a: (1,),
     kernels=_cross_entropy_kernels,
     saved=_cross_entropy_saved,

@@ -471,7 +471,7 @@ def _attr(op: str, key: str, raw: Any, default: Any, env: dict, ctx: _Ctx, where
 
 def _count(op: str, key: str, raw: Any, env: dict) -> Any:
     value = _evaluate(raw, env)
-    minimum = 0 if key == "padding" else 1
+    minimum = 0 if key in ("padding", "metrics") else 1
     if isinstance(value, bool) or (isinstance(value, int) and value < minimum):
         raise SpecError(expected=f"an integer >= {minimum}", found=raw)
     return value

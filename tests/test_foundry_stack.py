@@ -1,0 +1,179 @@
+"""What llm-foundry's benchmark stack runs that a Megatron-style count does not: FlashAttention in Triton
+(attn_impl: triton), FSDP's fp32 gradient reduction (composer's mixed_precision DEFAULT) and composer's training
+metrics recomputing the loss. Each is a hand count against the engine."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from dlperf.engine import predict
+from dlperf.engine.device import kernel_times
+from dlperf.engine.layers import element_bytes
+from dlperf.engine.step import _dp_comm, step_flops
+from dlperf.errors import SpecError
+from dlperf.ops import OPS
+from dlperf.ops.base import Layer
+from dlperf.ops.dense import TRITON_SLOWDOWN
+from dlperf.plan import Plan
+from dlperf.spec.hardware import load_hardware
+from dlperf.spec.model import load_model
+
+SMALL_MPT = {"layers": 2, "hidden": 1024, "heads": 8, "seq": 2048}
+
+
+def flash_layer(triton: bool, s: int = 8192, heads: int = 16, hd: int = 128) -> Layer:
+    rule = OPS["attention"]
+    attrs = {**rule.attrs, "heads": heads, "head_dim": hd, "kv_heads": heads, "kv_seq": s, "out": heads * hd,
+             "causal": True, "flash": True, "bias": False, "triton": triton}
+    return Layer("attention", tuple(sorted(attrs.items())), (s, heads * hd), (s, heads * hd), "attn",
+                 rule.params((s, heads * hd), attrs))
+
+
+def flash_kernel(triton: bool):
+    (kernel,) = [k for k in OPS["attention"].kernels(flash_layer(triton), 4, 2) if k.name == "flash_attention"]
+    return kernel
+
+
+# ---- FlashAttention in Triton ---------------------------------------------------------------------------
+
+
+def test_triton_attention_is_flashattention_2_stretched_per_pass() -> None:
+    """Dao 2023 section 4.1: FlashAttention-2 is ~1.3-1.5x faster forward, ~2x backward. On the A100 file the
+    attention curve has no startup, so each pass is launch + FLOPs x slowdown / (peak x eff): a hand count."""
+    a100 = load_hardware("dgx-a100").device
+    fa2, triton = flash_kernel(False), flash_kernel(True)
+    assert triton.cost == fa2.cost and triton.cls == fa2.cls == "attention"  # same work, same curve
+    eff = a100.eff("attention")
+    assert eff.startup == 0
+    rate = 312e12 * eff.peak
+    fwd, bwd = kernel_times(triton, a100, "bf16")
+    assert fwd == pytest.approx(a100.launch_latency + triton.cost.fwd_flops * TRITON_SLOWDOWN[0] / rate, rel=1e-12)
+    launches = triton.phase_launches[1]
+    assert bwd == pytest.approx(launches * a100.launch_latency + triton.bwd_flops * TRITON_SLOWDOWN[1] / rate,
+                                rel=1e-12)
+    fa2_fwd, fa2_bwd = kernel_times(fa2, a100, "bf16")
+    assert fa2_fwd < fwd and fa2_bwd < bwd
+    assert TRITON_SLOWDOWN == (1.4, 2.0)
+
+
+def test_triton_attention_needs_a_fused_kernel() -> None:
+    from dlperf.ops.dense import _attention_check
+
+    attrs = {**OPS["attention"].attrs, "heads": 8, "kv_heads": 8, "flash": False, "triton": True}
+    with pytest.raises(SpecError, match="triton"):
+        _attention_check((1024, 1024), attrs)
+
+
+def test_mpt_triton_switch_slows_only_attention() -> None:
+    hw, plan = load_hardware("dgx-h100"), Plan(devices=1, global_batch=4, micro_batch=4)
+    flash = predict(load_model("mpt", {**SMALL_MPT, "triton_attention": False}), hw, plan)
+    triton = predict(load_model("mpt", {**SMALL_MPT, "triton_attention": True}), hw, plan)
+    assert triton.step_time_s > flash.step_time_s
+    for op in ("linear", "layernorm", "gelu", "cross_entropy"):
+        assert triton.per_type_s[op] == pytest.approx(flash.per_type_s[op], rel=1e-12)
+    assert triton.work_flops == flash.work_flops  # the same FLOPs, executed slower
+
+
+# ---- FSDP mixed precision: weights gathered in bf16, gradients reduced in fp32 -----------------------------
+
+
+class Recorder:
+    """A comm stand-in that records (collective, bytes) and prices 1 s per GB."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float]] = []
+
+    def collective_time(self, op: str, nbytes: float, group: object, hw: object, *rest: object) -> float:
+        self.calls.append((op, nbytes))
+        return nbytes / 1e9
+
+    def Group(self, n: int, stride: int) -> tuple[int, int]:  # noqa: N802 (mirrors dlperf.comm.Group)
+        return n, stride
+
+
+def zero3_bytes(grad_dtype: str | None) -> dict[str, set[float]]:
+    hw = load_hardware("dgx-h100")
+    params, units = 1.2e9, 24
+    slow = SimpleNamespace(dp_params=params, backward_window=1.0, forward_window=0.5)
+    comm = Recorder()
+    _dp_comm(hw, Plan(devices=8, dp=8, global_batch=8, zero=3, grad_dtype=grad_dtype), slow, "bf16", comm, units)
+    out: dict[str, set[float]] = {}
+    for op, nbytes in comm.calls:
+        out.setdefault(op, set()).add(nbytes)
+    return out
+
+
+def test_fsdp_default_mixed_precision_reduces_in_fp32_and_gathers_in_bf16() -> None:
+    """composer's DEFAULT: param_dtype bf16 (all-gathers), reduce_dtype fp32 (reduce-scatters). Per FSDP unit of
+    1.2e9 / 24 parameters: gathers 2 B each either way, reduce-scatters 2 B (PURE) or 4 B (DEFAULT)."""
+    unit = 1.2e9 / 24
+    pure, default = zero3_bytes(None), zero3_bytes("fp32")
+    assert pure["allgather"] == default["allgather"] == {2 * unit}
+    assert pure["reduce_scatter"] == {2 * unit}
+    assert default["reduce_scatter"] == {4 * unit}
+
+
+def test_fp32_reduction_makes_fsdp_no_faster() -> None:
+    model, hw = load_model("mpt", SMALL_MPT), load_hardware("dgx-h100")
+    plan = Plan(devices=16, dp=16, global_batch=16, micro_batch=1, zero=3)
+    pure = predict(model, hw, plan)
+    default = predict(model, hw, plan.with_(grad_dtype="fp32"))
+    assert default.step_time_s >= pure.step_time_s
+    assert default.memory["gradients"] == pytest.approx(2 * pure.memory["gradients"])
+
+
+# ---- composer's training metrics --------------------------------------------------------------------------
+
+
+def metric_kernels(metrics: int, classes: int = 50368, tokens: int = 4096) -> list:
+    rule = OPS["cross_entropy"]
+    attrs = {**rule.attrs, "metrics": metrics}
+    layer = Layer("cross_entropy", tuple(sorted(attrs.items())), (classes,), (1,), "loss", 0)
+    return list(rule.kernels(layer, tokens, 2))
+
+
+def test_training_metrics_read_the_logits_in_fp32_after_backward() -> None:
+    """Per metric and logit: cast bf16 -> fp32 (read 2, write 4 B), log_softmax (read 4, write 4 B): 14 B, 3
+    kernels, after loss.backward() (so in the backward pass, never recomputed) and no model FLOPs."""
+    (loss,) = metric_kernels(0)
+    same_loss, metric = metric_kernels(2)
+    assert same_loss == loss
+    n = 4096 * 50368
+    assert metric.cost.bwd_bytes == 2 * 14 * n and metric.cost.fwd_bytes == 0 and metric.cost.fwd_flops == 0
+    assert metric.phase_launches == (0, 6)
+    assert metric.model_work_scale == 0
+
+
+def test_training_metrics_cost_time_not_model_flops(tmp_path) -> None:
+    from dlperf.builtins import data_dir
+
+    hw, plan = load_hardware("dgx-a100"), Plan(devices=1, global_batch=4, micro_batch=4)
+    text = (data_dir("models") / "mpt.yaml").read_text()
+    declared = "{op: cross_entropy, impl: fused, metrics: 2}"  # composer's LanguageCrossEntropy, LanguagePerplexity
+    assert declared in text
+    bare = tmp_path / "mpt-no-metrics.yaml"
+    bare.write_text(text.replace(declared, "{op: cross_entropy, impl: fused}"))
+    with_metrics, without = load_model("mpt", SMALL_MPT), load_model(str(bare), SMALL_MPT)
+    e = element_bytes("bf16")
+    assert step_flops(with_metrics, plan, e)[0] == step_flops(without, plan, e)[0]
+    slower, faster = predict(with_metrics, hw, plan), predict(without, hw, plan)
+    assert slower.step_time_s > faster.step_time_s
+    assert slower.breakdown_s["compute/forward"] == pytest.approx(faster.breakdown_s["compute/forward"])
+
+
+def test_grad_dtype_on_the_command_line(run) -> None:
+    import json
+
+    args = ["predict", "mpt", "dgx-h100", "--set", "layers=2", "--set", "hidden=1024", "--set", "heads=8",
+            "--gpus", "16", "--dp", "16", "--zero", "3", "--global-batch", "16", "--format", "json"]
+    code, out, _ = run(*args)
+    code32, out32, _ = run(*args, "--grad-dtype", "fp32")
+    assert code == code32 == 0
+    bf16, fp32 = json.loads(out), json.loads(out32)
+    assert fp32["plan"]["grad_dtype"] == "fp32"
+    assert fp32["memory"]["gradients"] == pytest.approx(2 * bf16["memory"]["gradients"])
+    assert fp32["step_time_s"] >= bf16["step_time_s"]
+    code, _, err = run(*args, "--grad-dtype", "fp7")
+    assert code == 2 and "fp7" in err
