@@ -111,6 +111,7 @@ class StepModel:
         self._p2p: dict[tuple, Any] = {}
         self._dp: dict[tuple, tuple[Any, Any]] = {}
         self._pace: dict[tuple[int, int], tuple[StageCost, StageCost, StageCost]] = {}
+        self._tp_fns: dict[int, Any] = {}
         self._work: dict[tuple, list[tuple[float, float, float]]] = {}
 
     def stages(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
@@ -190,7 +191,7 @@ class StepModel:
             if uses_key not in self._uses:
                 self._uses[uses_key] = tp_uses(nodes, plan.sequence_parallel)
             self._cost[key] = stage_cost(self._uses[uses_key], plan.micro, e, self.hw, dtype, plan.tp,
-                                         plan.sequence_parallel, plan.recompute, _tp_comm_fn(self.comm, self.hw, plan),
+                                         plan.sequence_parallel, plan.recompute, self._tp_comm(plan.tp),
                                          self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan))
         return self._cost[key]
 
@@ -304,6 +305,23 @@ class StepModel:
         t_bwd = mathx.maximum(device_bwd, stage.host_bwd + stage.host_recompute * share)
         return Passes(t_fwd, t_bwd, recompute, accumulate, ep_fwd, ep_bwd,
                       (t_fwd - device_fwd) + (t_bwd - device_bwd))
+
+    def _tp_comm(self, tp: int) -> Any:
+        """`_tp_comm_fn` for this tp, memoised on plain-number sizes: search prices the same collectives for
+        many plans."""
+        if tp not in self._tp_fns:
+            price = _tp_comm_fn(self.comm, self.hw, tp)
+            cache: dict[tuple[str, float], Any] = {}
+
+            def priced(op: str, nbytes: Any) -> Any:
+                if type(nbytes) not in (int, float):
+                    return price(op, nbytes)
+                if (op, nbytes) not in cache:
+                    cache[(op, nbytes)] = price(op, nbytes)
+                return cache[(op, nbytes)]
+
+            self._tp_fns[tp] = priced
+        return self._tp_fns[tp]
 
     def _p2p_time(self, plan: Plan, e: int, boundary: Any) -> Any:
         key = (plan.tp, plan.pp, plan.data_parallel, plan.micro, e, boundary, plan.cp)
@@ -434,10 +452,10 @@ def _comm() -> Any:
     return comm
 
 
-def _tp_comm_fn(comm: Any, hw: Hardware, plan: Plan) -> Any:
+def _tp_comm_fn(comm: Any, hw: Hardware, tp: int) -> Any:
     """A tensor-parallel collective as the step runs it: NCCL's time, whose per-call overhead (fitted to
     nccl-tests tables, dlperf.comm.nccl.CALL_OVERHEAD) includes the launch of its kernel."""
-    group = comm.Group(plan.tp, 1)
+    group = comm.Group(tp, 1)
     return lambda op, nbytes: comm.collective_time(op, nbytes, group, hw)
 
 
