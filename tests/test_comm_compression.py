@@ -27,7 +27,7 @@ HW = hardware_from_dict({
                 {"name": "ib", "bandwidth": "10 GB/s", "latency": "10 us"}],
 }, "node.yaml")
 A, B, MEM = 2e-6, 1e-11, 9e11
-CALL = nccl.CALL_OVERHEAD["intra"]  # every collective call's start-up (hand-built sparse algorithms too)
+CALL = nccl.CALL_OVERHEAD  # every collective call's start-up (hand-built sparse algorithms too)
 M, GAMMA = 1e6, 4.0
 DENSE = 6 * A + 1.75 * 4e6 * B  # Rabenseifner on 4 MB is the fastest textbook dense allreduce here
 TEXTBOOK = "auto:textbook"  # the hand arithmetic below is the survey's alpha-beta model, not NCCL's tuner

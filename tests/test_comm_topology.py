@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from dlperf.comm import CommError, Group, algorithm_times, best_algorithm, collective_time, p2p_time
 from dlperf.comm import collectives as C
+from dlperf.comm import nccl as N
 from dlperf.comm.hierarchical import CATALOGUE
 from dlperf.comm.topology import place, place_group
 from dlperf.spec.hardware import hardware_from_dict
@@ -199,10 +200,12 @@ def test_vectorized_matches_scalar_and_sympy_matches_float() -> None:
 
 
 def test_p2p_time() -> None:
-    # NCCL send/recv with the Simple protocol: Ring base latency 8.4 us + the level's hop latency + n beta
-    assert p2p_time(1e6, HW, 0) == pytest.approx(8.4e-6 + A0 + 1e6 * B0)
-    assert p2p_time(1e6, HW, 1) == pytest.approx(8.4e-6 + A1 + 1e6 * B1)
-    assert p2p_time(1e6, cluster(links=2), 1, concurrent=8) == pytest.approx(8.4e-6 + A1 + 4e6 * B1)
+    # NCCL send/recv with the Simple protocol: Ring base latency 8.4 us + the level's hop latency + n beta, and the
+    # start-up every NCCL call pays (nccl.CALL_OVERHEAD)
+    base = 8.4e-6 + N.CALL_OVERHEAD
+    assert p2p_time(1e6, HW, 0) == pytest.approx(base + A0 + 1e6 * B0)
+    assert p2p_time(1e6, HW, 1) == pytest.approx(base + A1 + 1e6 * B1)
+    assert p2p_time(1e6, cluster(links=2), 1, concurrent=8) == pytest.approx(base + A1 + 4e6 * B1)
     with pytest.raises(CommError, match="level index 0..1"):
         p2p_time(1e6, HW, 2)
 

@@ -170,7 +170,8 @@ class StepModel:
             step = float(self._combine(plan, dtype, e, staged, plan.micro_batches, plan.virtual_stages, False)[0])
             if best_step is None or step < best_step:
                 best, best_step = split, step
-        return self._staged([pieces[i:j] for i, j in best], plan, dtype, e, cost)
+        # the chosen split priced whole: a stage walked unit by unit would run the vocabulary-parallel loss unsplit
+        return self._staged([pieces[i:j] for i, j in best], plan, dtype, e)
 
     def _summed_cost(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
         key = ("summed", tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype,

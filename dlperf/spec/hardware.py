@@ -64,14 +64,15 @@ DEFAULT_LAUNCH_LATENCY = 5e-6
 # max(device time, host time). An eager layer issues several operators per kernel (views, splits, allocations,
 # autograd bookkeeping) and Megatron adds Python around them (custom autograd functions, TorchScript fusions,
 # RNG-state forks, CheckpointFunction). benchmarks/host_ops.py runs a layer laid out as Megatron-DeepSpeed's
-# (file@commit in the script) at a tiny width on a CPU and divides its host time by the launches dlperf counts
-# for one `gpt` layer (20 forward, 43 backward): 27.3 us forward and 14.7 us backward per launch (70 and 102
-# ATen operators, 7.8 and 6.2 us each; median of 3 runs on our 2-core AMD EPYC family 25 model 17, Zen 4, VM,
-# torch 2.13 CPU build, one thread). Per-operator costs published for eager PyTorch agree: 6.8 us forward for a
-# Python-level op recorded by autograd (pytorch/pytorch#41383), 4 us per backward op from C++ (#82793).
-# A lower bound on a GPU host: the CUDA launch call per kernel is not in it, and DGX A100's EPYC 7742 (Zen 2)
-# is slower per thread than Zen 4. `dlperf calibrate` measures it on the user's machine.
-DEFAULT_DISPATCH = (27.3e-6, 14.7e-6)
+# (file@commit in the script) at the smallest width it allows (so the CPU's own arithmetic is negligible) and
+# divides its host time by the launches dlperf counts for one `gpt` layer (20 forward, 43 backward): 20.1 us
+# forward and 10.7 us backward per launch (70 and 102 ATen operators, 5.7 and 4.5 us each; median of 6 runs on our
+# 2-core AMD EPYC family 25 model 17, Zen 4, VM, torch 2.13 CPU build, one thread). Per-operator costs published
+# for eager PyTorch agree: 6.8 us forward for a Python-level op recorded by autograd (pytorch/pytorch#41383), 4 us
+# per backward op from C++ (#82793). A lower bound on a GPU host: the CUDA launch call per kernel is not in it,
+# and DGX A100's EPYC 7742 (Zen 2) is slower per thread than Zen 4. `dlperf calibrate` measures it on the user's
+# machine.
+DEFAULT_DISPATCH = (20.1e-6, 10.7e-6)
 DEFAULT_CHANNELS = 2  # "it should just launch 2 SMs" on a one-NIC system, NCCL's minimum (NVIDIA/nccl#689)
 # What the runtime reserves on a GPU before the model's own tensors, unless the hardware file says otherwise:
 # - 1 GiB fixed: the CUDA context alone takes ~0.7-0.8 GiB once PyTorch touches a GPU (723 MiB for a one-element
