@@ -76,20 +76,27 @@ class StageCost:
         """As `forward_window`, for the backward computation."""
         return mathx.maximum(self.backward, self.host_bwd)
 
-    @property
-    def total(self) -> Any:
-        return self.pass_time()
+    def passes(self, extra_backward: Any = 0.0, ep: tuple[Any, Any] | None = None,
+               recompute_share: Any = 1.0) -> tuple[Any, Any, Any, Any]:
+        """(forward, backward, device forward, device backward) seconds of a micro-batch's passes, each pass the
+        longer of the device's work and the host's issuing of it (a pass is host-bound when issuing its kernels
+        takes longer than running them; DEFAULT_DISPATCH in spec/hardware.py). `extra_backward` is more device
+        work in the backward pass, `ep` the expert all-to-all left exposed (default: all of it), and
+        `recompute_share` the fraction of micro-batches whose forward is rerun."""
+        ep_fwd, ep_bwd = (self.ep_comm_fwd, self.ep_comm_bwd) if ep is None else ep
+        device_fwd = self.forward + self.tp_comm_fwd + ep_fwd + self.cp_comm_fwd
+        device_bwd = (self.backward + self.tp_comm_bwd + ep_bwd + self.cp_comm_bwd + self.recompute * recompute_share
+                      + extra_backward)
+        return (mathx.maximum(device_fwd, self.host_fwd),
+                mathx.maximum(device_bwd, self.host_bwd + self.host_recompute * recompute_share),
+                device_fwd, device_bwd)
 
     def pass_time(self, extra_backward: Any = 0.0) -> Any:
-        """Seconds of a micro-batch's passes, each the longer of the device's work and the host's issuing of
-        it (the engine's pass time, step.py), with `extra_backward` more device work in the backward pass: the
-        slowest stage is the one whose passes last longest, and ranking stages by device time alone let faster
-        memory move the bottleneck to a host-bound stage."""
-        device_fwd = self.forward + self.tp_comm_fwd + self.ep_comm_fwd + self.cp_comm_fwd
-        device_bwd = (self.backward + self.recompute + self.tp_comm_bwd + self.ep_comm_bwd + self.cp_comm_bwd
-                      + extra_backward)
-        return (mathx.maximum(device_fwd, self.host_fwd)
-                + mathx.maximum(device_bwd, self.host_bwd + self.host_recompute))
+        """Seconds of a micro-batch's two passes (`passes`): the slowest stage is the one whose passes last
+        longest, and ranking stages by device time alone let faster memory move the bottleneck to a host-bound
+        stage."""
+        fwd, bwd, _, _ = self.passes(extra_backward)
+        return fwd + bwd
 
 
 def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any) -> tuple[Kernel, str]:

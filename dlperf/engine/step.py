@@ -293,18 +293,13 @@ class StepModel:
         return step + optimizer, breakdown, memory, slow, dtype, staleness
 
     def _passes(self, plan: Plan, stage: StageCost, dtype: str, m: Any) -> Passes:
-        """A stage's forward and backward pass per micro-batch, each the longer of the device's work and the
-        host's issuing of it (DEFAULT_DISPATCH in spec/hardware.py): the host issues kernels asynchronously ahead
-        of the GPU, so a pass is host-bound when issuing its kernels takes longer than running them."""
+        """A stage's forward and backward pass per micro-batch (StageCost.passes) with what the plan adds: the
+        expert all-to-all left exposed, the share of micro-batches recomputed, the gradient accumulation."""
         ep_fwd, ep_bwd = _ep_exposed(plan, stage, m)
         share = recompute_share(plan, m)
-        recompute = stage.recompute * share
         accumulate = _grad_accumulation(self.hw, plan, stage.params, dtype)
-        device_fwd = stage.forward + stage.tp_comm_fwd + ep_fwd + stage.cp_comm_fwd
-        device_bwd = stage.backward + stage.tp_comm_bwd + ep_bwd + stage.cp_comm_bwd + recompute + accumulate
-        t_fwd = mathx.maximum(device_fwd, stage.host_fwd)
-        t_bwd = mathx.maximum(device_bwd, stage.host_bwd + stage.host_recompute * share)
-        return Passes(t_fwd, t_bwd, recompute, accumulate, ep_fwd, ep_bwd,
+        t_fwd, t_bwd, device_fwd, device_bwd = stage.passes(accumulate, (ep_fwd, ep_bwd), share)
+        return Passes(t_fwd, t_bwd, stage.recompute * share, accumulate, ep_fwd, ep_bwd,
                       (t_fwd - device_fwd) + (t_bwd - device_bwd))
 
     def _tp_comm(self, tp: int) -> Any:
