@@ -197,8 +197,8 @@ def sparse_allreduce_times(m: Any, gamma: float, density: float, group: Group, h
     P, k = placed.size, density * m
     if P == 1:
         return {"allgather": m * 0}
-    # the hand-built algorithms pay the per-call start-up NCCL's collectives do (dlperf.comm.nccl.CALL_OVERHEAD)
-    call = N.call_overhead(N.make_setup(placed, hw))
+    # the hand-built algorithms pay the per-call start-up NCCL's collectives do
+    call = N.CALL_OVERHEAD
     times = {
         "allgather": collective_time("allgather", P * k * (gamma + INDEX_BYTES), group, hw),
         "recursive_doubling": sparse_recursive_doubling(m, gamma, k, placed) + call,

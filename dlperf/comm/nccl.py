@@ -424,11 +424,6 @@ def parse(op: str, text: str, s: Setup) -> list[tuple[str, int]]:
 CALL_OVERHEAD = 7.0e-6
 
 
-def call_overhead(s: Setup | None = None) -> float:
-    """Seconds every collective call (and point-to-point send) starts with, on any group."""
-    return CALL_OVERHEAD
-
-
 def nccl_time(op: str, n: Any, s: Setup, which: str = "nccl") -> Any:
     """Minimum over the (algorithm, protocol) pairs `which` names (NCCL's tuner), elementwise for arrays, plus
     the per-call overhead they share."""
@@ -437,8 +432,8 @@ def nccl_time(op: str, n: Any, s: Setup, which: str = "nccl") -> Any:
     costs = [c for _, _, c in compiled(op, s)] if which == "nccl" else \
         [compile_cost(op, a, p, s) for a, p in parse(op, which, s)]
     if isinstance(n, float | int):
-        return min(cost_time(c, n) for c in costs) + call_overhead(s)
-    return mathx.minimum(*(cost_time(c, n) for c in costs)) + call_overhead(s)
+        return min(cost_time(c, n) for c in costs) + CALL_OVERHEAD
+    return mathx.minimum(*(cost_time(c, n) for c in costs)) + CALL_OVERHEAD
 
 
 def nccl_choice(op: str, n: float, s: Setup, which: str = "nccl") -> str:
@@ -451,7 +446,7 @@ def nccl_choice(op: str, n: float, s: Setup, which: str = "nccl") -> str:
 
 def nccl_times(op: str, n: Any, s: Setup) -> dict[str, Any]:
     """Every candidate pair's time, by label."""
-    return {label(a, p): cost_time(c, n) + call_overhead(s) for a, p, c in compiled(op, s)}
+    return {label(a, p): cost_time(c, n) + CALL_OVERHEAD for a, p, c in compiled(op, s)}
 
 
 def is_nccl(algorithm: str) -> bool:
@@ -466,4 +461,4 @@ def sendrecv_time(n: Any, alpha: float, beta: float, kind: str) -> Any:
     scale = alpha * 1e6 / HW_LAT[kind]["ring"][2]
     simple = (BASE_LAT["ring"][2] + HW_LAT[kind]["ring"][2] * scale) * 1e-6 + n * beta
     ll = (BASE_LAT["ring"][0] + HW_LAT[kind]["ring"][0] * scale) * 1e-6 + 2 * n * beta
-    return mathx.where(n <= P2P_LL_THRESHOLD, mathx.minimum(ll, simple), simple) + call_overhead()
+    return mathx.where(n <= P2P_LL_THRESHOLD, mathx.minimum(ll, simple), simple) + CALL_OVERHEAD

@@ -510,8 +510,8 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     params = slow.dp_params
     if dp == 1 or not params:
         return 0.0, 0.0, 0.0, 0.0
-    weight_bytes = params * element_bytes("fp32" if dtype in ("fp32", "tf32") else dtype)
-    grad_bytes = params * element_bytes(plan.grad_dtype) if plan.grad_dtype else weight_bytes
+    weight_bytes = params * element_bytes(_weight_dtype(dtype))
+    grad_bytes = params * element_bytes(_grad_dtype(plan, dtype))
     group = comm.Group(dp, plan.tp)
     overlap = plan.overlap if plan.overlap is not None else plan.pp == 1
 
@@ -713,6 +713,16 @@ def _optimizer_time(hw: Hardware, plan: Plan, params: Any, fp8_params: Any = 0) 
     return update + cast
 
 
+def _weight_dtype(dtype: str) -> str:
+    """The dtype weights are stored and gathered in: TF32 computes on fp32 tensors."""
+    return "fp32" if dtype in ("fp32", "tf32") else dtype
+
+
+def _grad_dtype(plan: Plan, dtype: str) -> str:
+    """The dtype gradients are reduced and accumulated in: the plan's, else the weights'."""
+    return plan.grad_dtype or _weight_dtype(dtype)
+
+
 def _grad_accumulation(hw: Hardware, plan: Plan, params: Any, dtype: str) -> Any:
     """Seconds per micro-batch of adding its weight gradients to the gradient buffer: read the buffer and the new
     gradient, write the sum. Megatron-LM's --gradient-accumulation-fusion makes the weight-gradient GEMM read and
@@ -722,7 +732,7 @@ def _grad_accumulation(hw: Hardware, plan: Plan, params: Any, dtype: str) -> Any
     for every micro-batch alike. ZeRO-2/3 keep only a gradient shard, which is what gets added."""
     if mathx.is_zero(params):
         return 0.0
-    e = element_bytes(plan.grad_dtype or ("fp32" if dtype in ("fp32", "tf32") else dtype))
+    e = element_bytes(_grad_dtype(plan, dtype))
     shard = plan.data_parallel if plan.zero >= 2 else 1
     bw = hw.device.memory_bandwidth * hw.device.eff("memory").peak
     return 3 * e * params / shard / bw + hw.device.launch_latency
