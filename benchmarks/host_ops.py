@@ -27,8 +27,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dlperf.ops import OPS
-from dlperf.spec.model import load_model
+from dlperf.calibrate.backend_torch import layer_launches
 
 SEQ, BATCH, HIDDEN, HEADS = 2, 1, 8, 2   # as small as the layer allows: only the host's work should count
 HEAD_DIM = HIDDEN // HEADS
@@ -263,18 +262,8 @@ def host_seconds(layer: MegatronStyleLayer, recompute: bool, repeats: int = 300)
 
 
 def engine_launches() -> tuple[int, int]:
-    """(forward, backward) kernel launches dlperf counts for one `gpt` layer (two layers minus one)."""
-    def launches(layers: int) -> tuple[int, int]:
-        sizes = {"hidden": HIDDEN, "heads": HEADS, "seq": SEQ, "vocab": 64, "layers": layers}
-        fwd = bwd = 0
-        for layer, count in load_model("gpt", sizes).counted():
-            for kernel in OPS[layer.op].kernels(layer, BATCH, 2):
-                f, b = kernel.phase_launches
-                fwd, bwd = fwd + count * f, bwd + count * b
-        return fwd, bwd
-
-    (f1, b1), (f2, b2) = launches(1), launches(2)
-    return f2 - f1, b2 - b1
+    """(forward, backward) kernel launches dlperf counts for one `gpt` layer of this width."""
+    return layer_launches("gpt", {"hidden": HIDDEN, "heads": HEADS, "seq": SEQ, "vocab": 64}, BATCH, 2)
 
 
 def main() -> None:

@@ -102,17 +102,23 @@ def _time_passes(torch: Any, device: str, model: Any, x: Any, rounds: int, forwa
 
 
 def _layer_launches() -> tuple[int, int]:
-    """(forward, backward) kernel launches dlperf counts for one check-transformer layer: the spec with two
-    layers minus the spec with one."""
+    """(forward, backward) kernel launches dlperf counts for one check-transformer layer."""
     from dlperf.calibrate import check_nets
+
+    sizes = {"hidden": 8, "heads": 2, "ffn": 32, "seq": 8, "vocab": 8}
+    return layer_launches(check_nets.spec_path("transformer"), sizes)
+
+
+def layer_launches(model: str, sizes: dict[str, int], batch: int = 1, e: int = 4) -> tuple[int, int]:
+    """(forward, backward) kernel launches dlperf counts for one layer of `model` (a name or spec path whose
+    `layers` parameter repeats a block): the model with two layers minus the model with one."""
     from dlperf.ops import OPS
     from dlperf.spec.model import load_model
 
     def launches(layers: int) -> tuple[int, int]:
-        sizes = {"hidden": 8, "heads": 2, "ffn": 32, "seq": 8, "vocab": 8, "layers": layers}
         forward = backward = 0
-        for layer, count in load_model(check_nets.spec_path("transformer"), sizes).counted():
-            for kernel in OPS[layer.op].kernels(layer, 1, 4):
+        for layer, count in load_model(model, sizes | {"layers": layers}).counted():
+            for kernel in OPS[layer.op].kernels(layer, batch, e):
                 fwd, bwd = kernel.phase_launches
                 forward, backward = forward + count * fwd, backward + count * bwd
         return forward, backward
