@@ -194,7 +194,7 @@ def _add_tp_comm(out: StageCost, use: Use, batch: Any, e: int, tp: int, recomput
         if phase == "fwd":
             out.tp_comm_fwd, out.forward, out.host_fwd = out.tp_comm_fwd + comm, out.forward + slowdown, \
                 out.host_fwd + host
-            if recompute in FULL and use.layer.op not in NOT_CHECKPOINTED:
+            if _full_rerun(recompute, use):
                 out.recompute = out.recompute + comm + slowdown
                 out.host_recompute = out.host_recompute + host
         else:
@@ -240,15 +240,20 @@ def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute:
         fwd, bwd = cp_exchange(use, batch, e, tp, par, core[0], core[1])
         out.cp_comm_fwd = out.cp_comm_fwd + count * fwd
         out.cp_comm_bwd = out.cp_comm_bwd + count * bwd
-    if recompute in FULL:
+    if _full_rerun(recompute, use):
         out.recompute = out.recompute + count * fwd
+
+
+def _full_rerun(recompute: str, use: Use) -> bool:
+    """Full recomputation reruns the layer's forward (kernels and collectives) unless it is not checkpointed."""
+    return recompute in FULL and use.layer.op not in NOT_CHECKPOINTED
 
 
 def _recomputed(recompute: str, use: Use, kernel: Kernel) -> bool:
     """Full recomputation reruns every forward kernel but the loss's (NOT_CHECKPOINTED); selective (Korthikanti
     et al. 2022) only the attention core (QK^T, softmax, AV) whose s^2 activations it does not keep."""
     if recompute in FULL:
-        return use.layer.op not in NOT_CHECKPOINTED
+        return _full_rerun(recompute, use)
     return recompute == "selective" and kernel.name in ATTENTION_CORE and not use.layer.get("flash", False)
 
 
