@@ -15,7 +15,8 @@ it, so on a GPU host the figures are a lower bound.
 
     .venv/bin/python benchmarks/host_ops.py
 
-spec/hardware.py's DEFAULT_DISPATCH quotes what it printed on our machine.
+spec/hardware.py's FRAMEWORK_HOST quotes what it printed on our machine (DEFAULT_DISPATCH adds the driver's launch
+call, which a CPU-device run does not make).
 """
 
 from __future__ import annotations

@@ -60,19 +60,27 @@ DEFAULT_EFFICIENCY = {
 }
 DEFAULT_LAUNCH_LATENCY = 5e-6
 # Host seconds an eager framework spends per kernel launch the engine counts (Python, dispatcher, autograd, the
-# framework's own Python). While kernels are shorter than this the GPU waits for the CPU, so a pass costs
-# max(device time, host time). An eager layer issues several operators per kernel (views, splits, allocations,
-# autograd bookkeeping) and Megatron adds Python around them (custom autograd functions, TorchScript fusions,
-# RNG-state forks, CheckpointFunction). benchmarks/host_ops.py runs a layer laid out as Megatron-DeepSpeed's
-# (file@commit in the script) at the smallest width it allows (so the CPU's own arithmetic is negligible) and
-# divides its host time by the launches dlperf counts for one `gpt` layer (20 forward, 43 backward): 20.1 us
-# forward and 10.7 us backward per launch (70 and 102 ATen operators, 5.7 and 4.5 us each; median of 6 runs on our
-# 2-core AMD EPYC family 25 model 17, Zen 4, VM, torch 2.13 CPU build, one thread). Per-operator costs published
-# for eager PyTorch agree: 6.8 us forward for a Python-level op recorded by autograd (pytorch/pytorch#41383), 4 us
-# per backward op from C++ (#82793). A lower bound on a GPU host: the CUDA launch call per kernel is not in it,
-# and DGX A100's EPYC 7742 (Zen 2) is slower per thread than Zen 4. `dlperf calibrate` measures it on the user's
-# machine.
-DEFAULT_DISPATCH = (20.1e-6, 10.7e-6)
+# framework's own Python, the driver's launch call). While kernels are shorter than this the GPU waits for the CPU,
+# so a pass costs max(device time, host time). Two parts:
+# - FRAMEWORK_HOST: an eager layer issues several operators per kernel (views, splits, allocations, autograd
+#   bookkeeping) and Megatron adds Python around them (custom autograd functions, TorchScript fusions, RNG-state
+#   forks, CheckpointFunction). benchmarks/host_ops.py runs a layer laid out as Megatron-DeepSpeed's (file@commit in
+#   the script) at the smallest width it allows (so the CPU's own arithmetic is negligible) and divides its host
+#   time by the launches dlperf counts for one `gpt` layer (20 forward, 43 backward): 20.1 us forward and 10.7 us
+#   backward per launch (70 and 102 ATen operators, 5.7 and 4.5 us each; median of 6 runs on our 2-core AMD EPYC
+#   family 25 model 17, Zen 4, VM, torch 2.13 CPU build, one thread). Per-operator costs published for eager
+#   PyTorch agree: 6.8 us forward for a Python-level op recorded by autograd (pytorch/pytorch#41383), 4 us per
+#   backward op from C++ (#82793).
+# - LAUNCH_CALL: that measurement ran on the CPU device, so it has no CUDA launch call; on a GPU host each launch
+#   adds the driver's: 3.0 us for a raw cuLaunchKernel of a kernel without arguments, 3.3 us with 19 (GB200's
+#   Grace CPU, meta-pytorch/tritonbench#1017, "nop_triton_direct_culaunch"); 4.90 us from statically compiled C in
+#   2017 (JuliaGPU/CUDAdrv.jl#15). The smaller, recent figure is used: the sum stays a lower bound.
+# Still a lower bound on a GPU host: DGX A100's EPYC 7742 (Zen 2) is slower per thread than Zen 4, and the counted
+# launches are fewer than the kernels an eager layer really launches. `dlperf calibrate --device cuda` measures
+# the whole (framework and launch call together) on the user's machine.
+FRAMEWORK_HOST = (20.1e-6, 10.7e-6)
+LAUNCH_CALL = 3.0e-6
+DEFAULT_DISPATCH = (FRAMEWORK_HOST[0] + LAUNCH_CALL, FRAMEWORK_HOST[1] + LAUNCH_CALL)
 DEFAULT_CHANNELS = 2  # "it should just launch 2 SMs" on a one-NIC system, NCCL's minimum (NVIDIA/nccl#689)
 # What the runtime reserves on a GPU before the model's own tensors, unless the hardware file says otherwise:
 # - 1 GiB fixed: the CUDA context alone takes ~0.7-0.8 GiB once PyTorch touches a GPU (723 MiB for a one-element
