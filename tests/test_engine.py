@@ -100,6 +100,21 @@ def test_recompute_trades_time_for_memory(gpt, a100):
     assert full.memory["activations"] < none.memory["activations"]
 
 
+def test_full_recompute_reruns_the_blocks_only(gpt, a100):
+    """Megatron-LM and the FSDP stacks checkpoint each transformer block: the recomputed forward is the blocks'
+    forward, not the embeddings', final norm's or output layer's; torchgpipe's except_last reruns the partition."""
+    from dlperf.engine.layers import tp_uses
+    from dlperf.engine.stage import _full_rerun
+
+    rerun = {use.layer.name for use in tp_uses(gpt) if _full_rerun("full", use)}
+    assert {"attention", "linear", "layernorm"} <= rerun
+    assert not rerun & {"token_embedding", "position_embedding", "final_layernorm", "lm_head", "cross_entropy"}
+    partition = {use.layer.name for use in tp_uses(gpt) if _full_rerun("except_last", use)}
+    assert {"token_embedding", "final_layernorm", "lm_head"} <= partition
+    full = predict(gpt, a100, Plan(global_batch=8, recompute="full")).breakdown_s
+    assert full["compute/recompute"] < full["compute/forward"]
+
+
 def test_more_dp_never_raises_per_device_compute(gpt, a100):
     two = predict(gpt, a100, Plan(devices=2, global_batch=64))
     eight = predict(gpt, a100, Plan(devices=8, global_batch=64))

@@ -9,7 +9,7 @@ follow the sharding; ops that need the whole activation (norms, softmax over fea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dlperf.ops import OPS
@@ -28,6 +28,9 @@ class Use:
     sharded: bool
     comm: tuple[Comm, ...] = ()
     row: bool = False  # a row-parallel linear layer (its input arrives sharded): tp divides K, not N
+    # inside a block (a repeated sequence or a residual group), which is what the stacks' full recomputation
+    # checkpoints; the layers around the blocks (embeddings, final norm, output layer, loss) are not
+    in_block: bool = True
 
     @property
     def tp_dim(self) -> str:
@@ -80,13 +83,17 @@ def tp_uses(nodes: Model | list[Any], sp: bool = False) -> list[Use]:
     vocabulary-parallel loss after a column-parallel output layer runs split, as it does in the whole model."""
     uses: list[Use] = []
     sharded = False
-    for node in ([nodes.root] if isinstance(nodes, Model) else nodes):
+    top = list(nodes.root.items) * nodes.root.repeat if isinstance(nodes, Model) else nodes
+    for node in top:
+        start = len(uses)
         sharded = _walk(node, 1, sharded, sp, uses)
+        if isinstance(node, Layer):  # a bare layer at the top of the model or stage, outside every block
+            uses[start:] = [replace(use, in_block=False) for use in uses[start:]]
     merged: dict[tuple, Use] = {}
     for use in uses:
-        key = (use.layer, use.sharded, use.comm)
+        key = (use.layer, use.sharded, use.comm, use.in_block)
         old = merged.get(key)
-        merged[key] = Use(use.layer, use.count + (old.count if old else 0), use.sharded, use.comm, use.row)
+        merged[key] = replace(use, count=use.count + (old.count if old else 0))
     return list(merged.values())
 
 

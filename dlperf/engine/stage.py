@@ -245,8 +245,14 @@ def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute:
 
 
 def _full_rerun(recompute: str, use: Use) -> bool:
-    """Full recomputation reruns the layer's forward (kernels and collectives) unless it is not checkpointed."""
-    return recompute in FULL and use.layer.op not in NOT_CHECKPOINTED
+    """Full recomputation reruns the layer's forward (kernels and collectives) unless it is not checkpointed.
+    `full` checkpoints each block, as Megatron-LM (`--checkpoint-activations` wraps the transformer layers only;
+    Megatron-DeepSpeed's GPTModelPipe._is_checkpointable accepts only ParallelTransformerLayerPipe), FSDP stacks
+    (composer and torchtitan wrap each transformer block) do: the layers around the blocks run once.
+    `except_last` is torchgpipe's, which checkpoints a whole partition (Kim et al. 2020, arXiv:2004.09910)."""
+    if recompute not in FULL or use.layer.op in NOT_CHECKPOINTED:
+        return False
+    return use.in_block or recompute == "except_last"
 
 
 def _recomputed(recompute: str, use: Use, kernel: Kernel) -> bool:
