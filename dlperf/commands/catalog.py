@@ -62,7 +62,7 @@ def _looks_like_hardware(name: str) -> bool:
     from dlperf.spec.yamlio import load_yaml_file
 
     data = load_yaml_file(Path(name))
-    return isinstance(data, dict) and "device" in data
+    return isinstance(data, dict) and ("device" in data or "extends" in data)
 
 
 def _hardware_text(hw, fmt: str) -> str:  # noqa: ANN001 - Hardware, imported lazily

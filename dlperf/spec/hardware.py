@@ -21,6 +21,15 @@ what the runtime keeps for itself, so that "fits" means it fits:
     memory_fragmentation: 0.05    # fraction of the allocated bytes lost to the caching allocator's fragmentation
 
 Set both to 0 for a device where nothing is reserved (`memory_reserved: 0 B`, `memory_fragmentation: 0`).
+
+A file may start from another one and say only what differs (a 40GB variant of an 80GB machine):
+
+    extends: dgx-a100             # a built-in name, or a .yaml path relative to this file
+    name: a100-40gb
+    device: {name: A100-SXM4-40GB, memory: 40 GiB, memory_bandwidth: 1555 GB/s}
+
+Mappings merge key by key (the extending file wins), lists such as `network` and scalars are replaced whole, and
+a key set to null (`price_per_device_hour: null`) is dropped. The base must load on its own.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from typing import Any
 
 from dlperf import builtins
 from dlperf.errors import DlperfError, SpecError
-from dlperf.spec.yamlio import check_keys, field_name, line_of, load_yaml_file
+from dlperf.spec.yamlio import LineDict, check_keys, field_name, line_of, load_yaml_file
 from dlperf.units import parse_quantity
 
 DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")
@@ -218,7 +227,9 @@ class Hardware:
 
 
 
-_TOP_KEYS = ("name", "source", "description", "device", "network", "price_per_device_hour", "calibration")
+_TOP_KEYS = ("name", "source", "description", "device", "network", "price_per_device_hour", "calibration",
+             "extends")
+MAX_EXTENDS_DEPTH = 8  # bases above a file; more is a mistake (a chain, not a cycle: cycles are caught apart)
 _DEVICE_KEYS = (
     "name", "peak_flops", "memory", "memory_bandwidth", "launch_latency", "efficiency", "source", "sms", "dispatch",
     "memory_reserved", "memory_fragmentation",
@@ -411,7 +422,67 @@ def _network(node: Any, file: str) -> tuple[NetworkLevel, ...]:
     return tuple(levels)
 
 
+def _base_path(data: dict, file: str) -> Path:
+    """The file `extends:` names: a built-in hardware name, or a .yaml path relative to the extending file."""
+    base = data["extends"]
+    if not isinstance(base, str) or not base.strip():
+        raise SpecError(expected="a built-in hardware name or a .yaml path", found=base, file=file,
+                        line=line_of(data, "extends"), field="extends")
+    path = builtins.resolve(base, "hardware")
+    if path.parent != builtins.data_dir("hardware") and not path.is_absolute():
+        path = Path(file).parent / path
+    if not path.is_file():
+        names = builtins.builtin_names("hardware")
+        from dlperf.spec.yamlio import closest
+
+        hint = closest(base, names)
+        raise SpecError(f"no hardware file {base!r} to extend" + (f" (did you mean {hint!r}?)" if hint else ""),
+                        expected="a built-in name (" + ", ".join(names) + ") or an existing .yaml path",
+                        file=file, line=line_of(data, "extends"), field="extends")
+    return path
+
+
+def _merged(base: Any, over: Any) -> Any:
+    """`over` on top of `base`: mappings key by key (a null value drops the key), anything else replaced."""
+    if not (isinstance(base, dict) and isinstance(over, dict)):
+        return over
+    out = LineDict(base)
+    out.line = getattr(over, "line", 0)
+    out.key_lines = dict(getattr(base, "key_lines", {}))
+    for key, value in over.items():
+        out.key_lines[key] = line_of(over, key) or 0
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merged(base.get(key), value)
+    return out
+
+
+def _resolve_extends(data: Any, file: str, chain: tuple[str, ...] = ()) -> Any:
+    """The document with its `extends:` chain applied; each base is checked as a whole hardware file first, so
+    that an error in it names the base's file and line."""
+    if not isinstance(data, dict) or "extends" not in data:
+        return data
+    path = _base_path(data, file)
+    here = str(Path(file).resolve())
+    seen = chain + (here,)
+    if str(path.resolve()) in seen or len(seen) > MAX_EXTENDS_DEPTH:
+        what = "extends itself (a cycle)" if str(path.resolve()) in seen else \
+            f"more than {MAX_EXTENDS_DEPTH} bases deep (MAX_EXTENDS_DEPTH)"
+        raise SpecError(f"{data['extends']!r} {what}", file=file, line=line_of(data, "extends"), field="extends")
+    base = _resolve_extends(load_yaml_file(path), str(path), seen)
+    _hardware(base, str(path))
+    child = LineDict((k, v) for k, v in data.items() if k != "extends")
+    child.line, child.key_lines = getattr(data, "line", 0), dict(getattr(data, "key_lines", {}))
+    return _merged(base, child)
+
+
 def hardware_from_dict(data: Any, file: str) -> Hardware:
+    """A hardware spec from a parsed YAML document (its `extends:` chain applied)."""
+    return _hardware(_resolve_extends(data, file), file)
+
+
+def _hardware(data: Any, file: str) -> Hardware:
     check_keys(data, _TOP_KEYS, file, "", required=("name", "device", "network"))
     price = data.get("price_per_device_hour")
     if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float))
