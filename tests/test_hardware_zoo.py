@@ -19,8 +19,8 @@ from dlperf.errors import SpecError, UnitError
 from dlperf.spec.hardware import load_hardware
 from dlperf.spec.yamlio import load_yaml_file
 
-EXPECTED = {"dgx1-v100", "dgx2-v100", "dgx-a100", "a100-800g", "dgx-h100", "hgx-h200", "p100-roce", "p40-pcie",
-            "cpu-local", "dgx-b200", "gb200-nvl72", "h800", "mi300x"}
+EXPECTED = {"dgx1-v100", "dgx2-v100", "dgx-a100", "a100-40gb", "a100-800g", "dgx-h100", "hgx-h200", "p100-roce",
+            "p40-pcie", "cpu-local", "dgx-b200", "gb200-nvl72", "h800", "mi300x"}
 GiB = 2.0**30
 
 
@@ -64,6 +64,8 @@ PEAKS = [
     ("dgx-a100", "bf16", 312e12),
     ("dgx-a100", "tf32", 156e12),
     ("dgx-a100", "fp32", 19.5e12),
+    ("a100-40gb", "bf16", 312e12),  # the datasheet's 40GB SXM column has the 80GB part's peaks
+    ("a100-40gb", "fp32", 19.5e12),
     ("dgx-h100", "bf16", 989e12),
     ("dgx-h100", "fp8", 1979e12),
     ("dgx-h100", "tf32", 494.5e12),
@@ -101,6 +103,7 @@ def test_volta_has_no_bf16_and_tf32_falls_back_to_fp32() -> None:
     ("name", "memory", "bandwidth"),
     [
         ("dgx-a100", 80 * GiB, 2039e9),
+        ("a100-40gb", 40 * GiB, 1555e9),     # A100 datasheet, 40GB SXM column (HBM2)
         ("dgx-h100", 80 * GiB, 3.35e12),
         ("hgx-h200", 143155 * 2**20, 4.8e12),
         ("dgx1-v100", 16 * GiB, 900e9),
@@ -122,6 +125,8 @@ def test_memory_capacity_and_bandwidth(name: str, memory: float, bandwidth: floa
 LEVELS = [
     ("dgx-a100", 0, 8, 300e9, None),
     ("dgx-a100", 1, None, 25e9, None),  # 200 Gb/s HDR = 25e9 B/s
+    ("a100-40gb", 0, 8, 300e9, None),
+    ("a100-40gb", 1, None, 25e9, None),  # 1600 Gbps RoCE per node of 8 (llm-foundry README)
     ("dgx-h100", 0, 8, 450e9, None),
     ("dgx-h100", 1, None, 50e9, None),  # 400 Gb/s NDR
     ("hgx-h200", 0, 8, 450e9, None),
@@ -158,6 +163,7 @@ def test_network_levels(name: str, index: int, size: int | None, bandwidth: floa
 BUSBW = [
     ("dgx-a100", 0, 230.0),  # sjeaugey, NVIDIA/nccl-tests#149; 232.54 in #175; 230.77 in NVIDIA/nccl#527
     ("dgx-a100", 1, 192.0 / 8),  # 192 GB/s over 8 HDR NICs, NVIDIA/nccl#812
+    ("a100-40gb", 0, 230.77),  # 8x A100-SXM4-40GB (p4dn), NVIDIA/nccl#527
     ("dgx-h100", 0, 370.0),  # ring busbw, NVIDIA/nccl-tests#212 and NVIDIA/nccl#1455
     ("dgx-h100", 1, 47.0),  # 46-48 GB/s per NDR NIC, NVIDIA/nccl-tests#290
     ("hgx-h200", 0, 367.61),  # NVLS disabled, 8x H200, ml-engineering all-reduce-8xH200.md

@@ -55,6 +55,14 @@ def test_every_number_in_a_builtin_hardware_file_has_a_source(name: str) -> None
     assert _numbers_without_source(text) == []
 
 
+@pytest.mark.parametrize("name", builtins.builtin_names("hardware"))
+def test_an_extending_builtin_inherits_only_from_a_builtin(name: str) -> None:
+    """A file with `extends:` holds only the numbers that differ (checked above); the rest come from its base,
+    which must itself be a built-in so that the same check covers every number the loaded spec has."""
+    base = yaml.safe_load(builtins.resolve(name, "hardware").read_text()).get("extends")
+    assert base is None or base in builtins.builtin_names("hardware")
+
+
 def test_the_check_finds_an_unsourced_number() -> None:
     text = "name: x\nsource: top\ndevice:\n  name: d\n  memory: 80 GiB\n  sms: 108   # whitepaper\n"
     assert _numbers_without_source(text) == ["line 5: device.memory = 80 GiB"]

@@ -95,7 +95,7 @@ def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
 
 def test_builtin_dataset_loads_with_unique_ids_and_known_units():
     rows, pending = load_dataset(), load_pending()
-    assert (len(rows), len(pending)) == (1852, 96)
+    assert (len(rows), len(pending)) == (1930, 18)
     assert len({r.id for r in [*rows, *pending]}) == len(rows) + len(pending)
     assert {r.unit for r in [*rows, *pending]} <= set(UNITS)
     assert all(r.citation for r in [*rows, *pending])
@@ -132,6 +132,11 @@ def test_new_sources_carry_the_published_figures():
     assert rows["llmfoundry-h100-30b-s2048-g512-mb8"].sets["triton_attention"] is True
     # MP Mode PURE (the A100 70b rows): bf16 reduction
     assert rows["llmfoundry-a100-70b-s2048-g64-mb8"].plan.grad_dtype is None
+    # "A100 40GB ... (RoCE)" table, row 13b | 2048 | 8 GPUs | MicroBatchSize 4 | GradAccum 16, MP Mode PURE
+    forty = rows["llmfoundry-a100-40g-13b-s2048-g8-mb4"]
+    assert (forty.value, forty.hardware) == (13347, "a100-40gb")
+    assert forty.plan == Plan(devices=8, dp=8, global_batch=512, micro_batch=4, zero=3, dtype="bf16",
+                              recompute="full")
     # Narayanan 2021 Table 2: ZeRO-3 on 1536 GPUs reaches 44 TF/s per GPU at batch 1536, microbatch 1.
     zero3 = rows["narayanan2021-t2-175b-zero3-1536"]
     assert (zero3.value, zero3.plan.zero, zero3.plan.data_parallel, zero3.plan.micro) == (44, 3, 1536, 1)

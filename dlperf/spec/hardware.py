@@ -431,7 +431,11 @@ def _base_path(data: dict, file: str) -> Path:
     path = builtins.resolve(base, "hardware")
     if path.parent != builtins.data_dir("hardware") and not path.is_absolute():
         path = Path(file).parent / path
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except (OSError, ValueError):  # a name too long for the system, a NUL byte in it
+        found = False
+    if not found:
         names = builtins.builtin_names("hardware")
         from dlperf.spec.yamlio import closest
 
