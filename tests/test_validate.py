@@ -95,7 +95,7 @@ def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
 
 def test_builtin_dataset_loads_with_unique_ids_and_known_units():
     rows, pending = load_dataset(), load_pending()
-    assert (len(rows), len(pending)) == (1930, 18)
+    assert (len(rows), len(pending)) == (1951, 18)
     assert len({r.id for r in [*rows, *pending]}) == len(rows) + len(pending)
     assert {r.unit for r in [*rows, *pending]} <= set(UNITS)
     assert all(r.citation for r in [*rows, *pending])
@@ -602,10 +602,12 @@ def test_llm_hybrid_rows_within_10_percent(results):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "CNN/BERT data-parallel MAE 24.1% (ResNet-50 29.8%: A100 AMP +25%, TF32 +68%; BERT 22.4%, seq 512 -33..-46%): "
-    "A100 convolutions use the FP16 GEMM curve for want of a per-shape cuDNN or TF32 microbenchmark; BERT at "
+    "CNN/BERT data-parallel MAE 26.1% (ResNet-50 29.6%: A100 AMP +25%, TF32 +68%; PyTorch BERT 22.4%, seq 512 "
+    "-29..-46%; TensorFlow 1 BERT on A100 40GB 29.7%, every row too fast, AMP +33..+53%, TF32 +8..+23%): A100 "
+    "convolutions use the FP16 GEMM curve for want of a per-shape cuDNN or TF32 microbenchmark; PyTorch BERT at "
     "sequence 512 runs unfused attention's s^2 passes where the measured run fused them, and its MLM head runs on "
-    "every token where DLE's runs on the masked 15%"))
+    "every token where DLE's runs on the masked 15%; the 2020 TensorFlow stack is slower than dlperf prices, most "
+    "with AMP, and scales worse over nodes (+36% at 4 nodes, +53% at 32, seq 128 AMP)"))
 def test_cnn_and_bert_data_parallel_rows_within_15_percent(results):
     assert mae(results, "cnn-dp", "bert-dp") <= 15.0
 
@@ -710,7 +712,8 @@ def test_vtrain_single_node_rows_within_15_percent(results):
 
 
 def test_mixed_precision_pairs_rank_right(results):
-    # DLE: AMP and TF32 at the same batch and GPU count (16 groups); every one ranked right today. These are the
-    # easy groups (a 2-8x peak difference); they carry the overall median of 1.0, the parallelism groups do not.
+    # DLE: AMP and TF32 at the same batch and GPU count (16 groups, and 9 of the TensorFlow 1 BERT rows on A100
+    # 40GB); every one ranked right today. These are the easy groups (a 2-8x peak difference); they carry the
+    # overall median of 1.0, the parallelism groups do not.
     groups = [g for g in plan_groups(results) if g["source"].startswith("dle-")]
-    assert len(groups) == 16 and all(g["spearman"] == 1.0 for g in groups)
+    assert len(groups) == 25 and all(g["spearman"] == 1.0 for g in groups)
