@@ -49,6 +49,9 @@ PUBLISHED = [
      "NVIDIA/nccl#412 (sjeaugey: expect ~24 GB/s inter-node at 8G)"),
     ("DGX-1 V100, 4x EDR, 2 nodes", lambda: load_hardware("dgx1-v100"), 16, 8 * GiB, 48.0, 0.03,
      "NVIDIA/nccl-tests#29 (sjeaugey: DGX-1 gets 48 GB/s with 4 IB adapters)"),
+    # the figure jean-zay-a100's Omni-Path efficiency was solved from (0.101, three digits: within 1%)
+    ("Jean Zay A100, 4x OPA, 4 nodes", lambda: load_hardware("jean-zay-a100"), 32, 4e9, 40.54 / 8, 0.01,
+     "bigscience-workshop/bigscience experiments/bandwidth/all_reduce_bench-a100-n4.txt (40.54 Gbps)"),
 ]
 
 

@@ -20,7 +20,7 @@ from dlperf.spec.hardware import load_hardware
 from dlperf.spec.yamlio import load_yaml_file
 
 EXPECTED = {"dgx1-v100", "dgx2-v100", "dgx-a100", "a100-40gb", "a100-800g", "dgx-h100", "hgx-h200", "p100-roce",
-            "p40-pcie", "cpu-local", "dgx-b200", "gb200-nvl72", "h800", "mi300x"}
+            "p40-pcie", "cpu-local", "dgx-b200", "gb200-nvl72", "h800", "mi300x", "jean-zay-a100"}
 GiB = 2.0**30
 
 
