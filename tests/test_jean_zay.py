@@ -1,0 +1,73 @@
+"""jean-zay-a100, the fabric of the BigScience tr11 (BLOOM) topology search, against dgx-a100.
+
+The two files describe the same GPU and the same NVSwitch node; only the inter-node level differs (4x 100 Gb/s
+Omni-Path shared by 8 GPUs at the busbw measured on Jean Zay, against one 200 Gb/s HDR NIC per GPU). So any plan
+is at least as slow on Jean Zay, and giving Omni-Path more bandwidth or efficiency never slows a plan down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlperf.engine import predict
+from dlperf.spec.hardware import load_hardware
+from dlperf.spec.model import load_model
+from dlperf.validate import load_dataset
+
+SOURCE = "bigscience-tr11-prequel"
+
+
+@functools.cache
+def bloom_rows() -> tuple:
+    return tuple(r for r in load_dataset() if r.source == SOURCE)
+
+
+@functools.cache
+def model_for(sets: tuple):
+    return load_model("gpt", dict(sets))
+
+
+def step(row, hw) -> float:
+    return float(predict(model_for(tuple(sorted(row.sets.items()))), hw, row.plan).step_time_s)
+
+
+def test_rows_run_on_jean_zay_and_it_differs_from_dgx_a100_only_across_nodes() -> None:
+    rows = bloom_rows()
+    assert len(rows) == 56 and {r.hardware for r in rows} == {"jean-zay-a100"}
+    jz, dgx = load_hardware("jean-zay-a100"), load_hardware("dgx-a100")
+    assert jz.device == dgx.device and jz.network[0] == dgx.network[0]
+    opa = jz.network[1]
+    assert (opa.bandwidth, opa.links_per_domain) == (100e9 / 8, 4)  # 4x 100 Gb/s per 8-GPU node
+
+
+def test_every_bloom_plan_is_at_least_as_slow_on_jean_zay_as_on_dgx_a100() -> None:
+    jz, dgx = load_hardware("jean-zay-a100"), load_hardware("dgx-a100")
+    for row in bloom_rows():
+        assert step(row, jz) >= step(row, dgx) * (1 - 1e-9), row.id
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(index=st.integers(min_value=0, max_value=55), field=st.sampled_from(["bandwidth", "efficiency"]),
+       factor=st.sampled_from([1.5, 2.0, 4.0, 9.9]))
+def test_a_better_omni_path_never_makes_a_bloom_plan_slower(index: int, field: str, factor: float) -> None:
+    row = bloom_rows()[index]
+    jz = load_hardware("jean-zay-a100")
+    opa = jz.network[1]
+    better = dataclasses.replace(opa, **{field: getattr(opa, field) * factor})
+    assert better.efficiency <= 1
+    faster = dataclasses.replace(jz, network=(jz.network[0], better))
+    assert step(row, faster) <= step(row, jz) * (1 + 1e-9)
+
+
+def test_data_parallel_heavier_plans_pay_more_for_the_fabric() -> None:
+    """The gradient all-reduce crosses Omni-Path once per step: the bytes a device reduces grow as parameters /
+    (tp x pp), so DP 24 x PP 2 slows down more against dgx-a100 than DP 8 x PP 6 at the same TP 8 (02-25 rows)."""
+    rows = {r.id: r for r in bloom_rows()}
+    light = rows["bloom-prequel-02-25-h14336-l72-a64-dp8-tp8-pp6-mb4-gbs2048"]
+    heavy = rows["bloom-prequel-02-25-h14336-l72-a64-dp24-tp8-pp2-mb2-gbs2016"]
+    jz, dgx = load_hardware("jean-zay-a100"), load_hardware("dgx-a100")
+    assert step(heavy, jz) / step(heavy, dgx) > step(light, jz) / step(light, dgx)
