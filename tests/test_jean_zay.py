@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -71,3 +72,22 @@ def test_data_parallel_heavier_plans_pay_more_for_the_fabric() -> None:
     heavy = rows["bloom-prequel-02-25-h14336-l72-a64-dp24-tp8-pp2-mb2-gbs2016"]
     jz, dgx = load_hardware("jean-zay-a100"), load_hardware("dgx-a100")
     assert step(heavy, jz) / step(heavy, dgx) > step(light, jz) / step(light, dgx)
+
+
+def _p2p(row, hw) -> float:
+    return float(predict(model_for(tuple(sorted(row.sets.items()))), hw, row.plan).breakdown_s["comm/pp_p2p"])
+
+
+def test_a_node_crossing_stage_boundary_shares_the_nodes_links() -> None:
+    """A stage spans tp x dp >= 8 devices, so all 8 GPUs of a node send their activations across the boundary at
+    once: 4 links of 100 Gb/s serve them as 8 links of 50 Gb/s would, and less well than a 100 Gb/s rail each."""
+    row = {r.id: r for r in bloom_rows()}["bloom-prequel-02-25-h14336-l72-a64-dp8-tp8-pp6-mb4-gbs2048"]
+    jz = load_hardware("jean-zay-a100")
+    opa = jz.network[1]
+
+    def with_opa(**changes):
+        return dataclasses.replace(jz, network=(jz.network[0], dataclasses.replace(opa, **changes)))
+
+    shared = _p2p(row, jz)
+    assert shared == pytest.approx(_p2p(row, with_opa(links_per_domain=8, bandwidth=opa.bandwidth / 2)), rel=1e-12)
+    assert shared > _p2p(row, with_opa(links_per_domain=None))
