@@ -151,8 +151,10 @@ SINGLE_GPU = [
      "predicts ~3080 img/s (+25%): same convolution-efficiency term as above (V100 has a DeepBench conv curve)"),
     ("bert-large", {"seq": 128}, "dgx-a100", "fp16", 256, 580, None),
     ("bert-large", {"seq": 512}, "dgx-a100", "fp16", 32, 210,
-     "predicts 126 seq/s (-40%): the unfused attention writes the s^2 score matrix several times; the measured "
-     "run uses fused attention kernels (set flash: true to model them)"),
+     "predicts ~125 seq/s (-41%) for dense seq-512 samples; the measured run is not dense: its phase-2 data is "
+     "binned by length (LDDL, bins of 64) and each mini-batch is padded only to its longest sequence, whose "
+     "distribution is not published (the validation rows are pending for it). Its attention is unfused "
+     "(DeepLearningExamples@729963dd modeling.py: bmm, softmax, dropout, bmm), as modelled"),
 ]
 
 

@@ -211,3 +211,32 @@ def test_closed_form_equals_numeric_single_device_compute():
     breakdown = predict(model, hw, Plan(global_batch=16, dtype="fp32")).breakdown_s
     compute = breakdown["compute/forward"] + breakdown["compute/backward"]
     assert float(expr.subs(values)) == pytest.approx(compute, rel=1e-5)
+
+
+def test_gather_copies_its_rows_forward_and_scatters_into_a_zeroed_gradient_backward():
+    # torch.index_select: forward reads and writes the kept rows (plus int64 indices); backward zero-fills the
+    # whole input gradient, then index_add_ reads and writes the kept rows' gradients.
+    batch, seq, rows, d, e = 4, 128, 20, 64, 2
+    layer = _layer("gather", (seq, d), rows=rows)
+    assert layer.out_shape == (rows, d)
+    (k,) = OPS["gather"].kernels(layer, batch, e)
+    assert k.cost.fwd_bytes == 2 * e * batch * rows * d + 8 * batch * rows
+    assert k.cost.bwd_bytes == e * batch * (seq * d + 2 * rows * d)
+    assert k.phase_launches == (1, 2) and k.cost.work == 0
+    assert OPS["gather"].saved(layer, e) == 8 * rows  # only the indices; the input is not needed backward
+
+
+@pytest.mark.parametrize("seq,masked", [(128, 20), (512, 77)])
+def test_bert_mlm_head_runs_on_the_masked_positions_only(seq, masked):
+    # DeepLearningExamples' BERT selects the masked tokens before the MLM head (dense_sequence_output):
+    # ceil(15% of seq) rows per sample (Devlin et al. 2019 Sec. 3.1); 20 at seq 128 = its max_predictions_per_seq.
+    layers = {layer.name: layer for layer, _ in load_model("bert-large", {"seq": seq}).layers()}
+    assert layers["mlm_positions"].in_shape == (seq, 1024) and layers["mlm_decoder"].in_shape == (masked, 1024)
+    dense = {layer.name: layer for layer, _ in load_model("bert-large", {"seq": seq, "mlm_positions": seq}).layers()}
+    flops = [sum(k.cost.fwd_flops for k in OPS["linear"].kernels(m["mlm_decoder"], 1, 2)) for m in (layers, dense)]
+    assert flops[1] == pytest.approx(flops[0] * seq / masked)
+
+
+def test_gather_of_more_rows_than_the_sequence_is_one_line_exit_2(run):
+    code, out, err = run("predict", "bert-large", "dgx-a100", "--set", "mlm_positions=200")
+    assert code == 2 and "rows <= 128" in err and "found 200" in err and len(err.strip().splitlines()) == 1

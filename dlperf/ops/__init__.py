@@ -10,6 +10,7 @@ OPS: dict[str, OpRule] = {
     "linear": dense.LINEAR,
     "embedding": dense.EMBEDDING,
     "positional_embedding": dense.POSITIONAL,
+    "gather": dense.GATHER,
     "attention": dense.ATTENTION,
     "cross_entropy": dense.CROSS_ENTROPY,
     "maxpool": elementwise.POOL,

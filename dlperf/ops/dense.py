@@ -101,6 +101,37 @@ EMBEDDING = OpRule(
 )
 
 
+def _gather_check(shape: tuple, a: dict) -> None:
+    from dlperf.errors import ShapeError
+
+    if len(shape) < 2:
+        raise ShapeError("gather needs a [seq, d] input per sample", expected="rank 2 or more", found=list(shape))
+    rows, seq = a["rows"], shape[0]
+    if isinstance(rows, int) and (rows < 1 or (isinstance(seq, int) and rows > seq)):
+        raise ShapeError("gather takes between 1 and seq rows", expected=f"1 <= rows <= {seq}", found=rows)
+
+
+def _gather_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    """torch.index_select of `rows` positions per sample: forward copies them out (read and write); backward
+    zero-fills the input gradient (every position) and index-adds the rows' gradients into it (read, write)."""
+    width = numel(layer.in_shape[1:])
+    picked, whole = batch * layer["rows"] * width, batch * numel(layer.in_shape)
+    return (Kernel("index_select", "memory", Cost(
+        fwd_bytes=2 * e * picked + 8 * batch * layer["rows"], bwd_bytes=e * (whole + 2 * picked),
+        depth=1, bwd_depth=1,
+    ), bwd_launches=2),)
+
+
+GATHER = OpRule(
+    attrs={"rows": REQUIRED},
+    check=_gather_check,
+    shape=lambda s, a: (a["rows"], *s[1:]),
+    kernels=_gather_kernels,
+    saved=lambda layer, e: 8 * layer["rows"],  # the int64 indices; the input itself is not needed backward
+    tp="elementwise",
+)
+
+
 def _positional_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     n = batch * numel(layer.in_shape)
     return (Kernel("add_table", "memory", Cost(
