@@ -602,9 +602,12 @@ def test_llm_hybrid_rows_within_10_percent(results):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "CNN/BERT data-parallel MAE 15.4% (ResNet-50 29.6%: A100 AMP +20..+42%, TF32 +62..+67%; BERT seq 128 7.3%, "
-    "AMP +9..+15%): A100 convolutions use the FP16 GEMM curve for want of a per-shape cuDNN or TF32 "
-    "microbenchmark. The BERT seq-512 rows wait as pending (LDDL sequence binning: not dense 512-token samples)"))
+    "CNN/BERT data-parallel MAE 27.2% (ResNet-50 29.6%: A100 AMP +20..+42%, TF32 +62..+67%; PyTorch BERT seq 128 "
+    "7.3%, AMP +9..+15%; TensorFlow 1 BERT on A100 40GB 39.7%, every row too fast, AMP +45..+67%, TF32 +16..+29%): "
+    "A100 convolutions use the FP16 GEMM curve for want of a per-shape cuDNN or TF32 microbenchmark; the 2020 "
+    "TensorFlow stack is slower than dlperf prices, most with AMP, and scales worse over nodes. Both DLE BERT "
+    "stacks run the MLM head on the masked positions only, as priced. The PyTorch seq-512 rows wait as pending "
+    "(LDDL sequence binning: not dense 512-token samples)"))
 def test_cnn_and_bert_data_parallel_rows_within_15_percent(results):
     assert mae(results, "cnn-dp", "bert-dp") <= 15.0
 
