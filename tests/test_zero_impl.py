@@ -34,13 +34,15 @@ def ds(plan: Plan) -> Plan:
     return plan.with_(zero_impl="deepspeed-0.3")
 
 
-def test_tensors_follow_the_persistence_threshold_and_megatrons_attention(gpt3):
-    listed, total = zero_impl.tensors(gpt3, Plan(devices=8, zero=3, global_batch=8))
+def test_tensors_follow_the_persistence_threshold_and_megatrons_modules(gpt3):
+    parted, persistent, total = zero_impl.tensors(gpt3, Plan(devices=8, zero=3, global_batch=8))
     h = 12288
-    # per block: query_key_value (3h^2 + 3h), dense (h^2 + h), two MLP weights; norms and biases (< 1e5) persist
-    block = [(n, c) for n, c in listed if c == 96]
-    assert [round(n / h**2, 3) for n, _ in block] == [3.0, 1.0, 4.0, 4.0]
-    assert [c for n, c in listed if c == 1] == [1, 1]  # token and position embeddings
+    # per block: query_key_value (3h^2), dense (h^2), the two MLP weights (4h^2); norms and biases (< 1e5) persist
+    assert [n / h**2 for n, c in parted if c == 96] == [3.0, 1.0, 4.0, 4.0]
+    assert [c for n, c in parted if c == 1] == [1, 1]  # token and position embeddings
+    # two norms (weight, bias) and four biases per block, the final norm once
+    assert [n / h for n, c in persistent if c == 96] == [1, 1, 3, 1, 1, 1, 4, 1]  # ln1, qkv/dense/fc1/fc2 bias
+    assert [(n, c) for n, c in persistent if c == 1] == [(h, 1), (h, 1)]
     assert total == pytest.approx(gpt3.total_params)
 
 
@@ -64,19 +66,34 @@ class NoLink:
 def test_every_gather_costs_a_python_op_and_a_copy_per_rank(hw, recompute):
     model = load_model("gpt", {"hidden": 256, "heads": 4, "layers": 3, "seq": 512, "vocab": 1000})
     plan = Plan(devices=64, dp=64, zero=3, global_batch=64, recompute=recompute, zero_impl="deepspeed-0.3")
-    listed, _ = zero_impl.tensors(model, plan)
-    # at hidden 256 the output projection (h^2 + h) and the norms persist; query_key_value and the MLP weights
-    # are gathered in each of the 3 blocks, the two embeddings once each
-    assert listed == [(256000, 1), (131072, 1), (197376, 3), (263168, 3), (262400, 3)]
+    tensors = zero_impl.tensors(model, plan)
+    # at hidden 256 query_key_value (3h^2) and the MLP weights (4h^2) are gathered in each of the 3 blocks, the
+    # two embeddings once each; the output projection (h^2 = 65,536), the biases and the norms persist
+    assert tensors[0] == [(256000, 1), (131072, 1), (196608, 3), (262144, 3), (262144, 3)]
     # forward + backward; with the rerun, forward + rerun, and the three stay gathered for the backward pass
     # (every reuse distance is far below 1e9): 3 tensors x 3 blocks x 2 + 2 embeddings x 2
     gathers = 22
     per_rank = zero_impl.SLICE_PYTHON_OP_S + hw.device.launch_latency
     for ranks in (64, 512):
-        total, shown = zero_impl.per_micro(NoLink, hw, plan, NoLink.Group(ranks), 2, 2, (listed, 1e6), 1.0, 1.0,
-                                           1.0)
+        total, shown = zero_impl.per_micro(NoLink, hw, plan, NoLink.Group(ranks), 2, 2, tensors, 1.0, 1.0, 1.0)
         assert total == pytest.approx(gathers * ranks * per_rank)
         assert shown == pytest.approx(total)  # the host issues the slices while the device waits
+
+
+def test_the_optimizer_step_unpacks_every_persistent_tensor_rank_by_rank(hw):
+    model = load_model("gpt", {"hidden": 256, "heads": 4, "layers": 3, "seq": 512, "vocab": 1000})
+    tensors = zero_impl.tensors(model, Plan(devices=64, zero=3, global_batch=64))
+    persistent = sum(c for _, c in tensors[1])
+    assert persistent == 3 * 9 + 2  # per block: 2 norms x 2, dense weight, 4 biases; the final norm's 2
+    per_piece = zero_impl.POST_STEP_OPS * zero_impl.SLICE_PYTHON_OP_S + hw.device.launch_latency
+    per_rank = zero_impl.SLICE_PYTHON_OP_S + hw.device.launch_latency
+    # 64 ranks: every persistent tensor (>= 256 elements) has a piece on every rank
+    assert zero_impl.post_step(NoLink, hw, NoLink.Group(64), 2, tensors) == pytest.approx(
+        persistent * 64 * per_piece + 64 * per_rank)
+    # 2048 ranks: a 256-element tensor sits on 256 ranks, a 768-element bias on 768 ranks (shards of 1), a
+    # 1024-element one on 1024; the 65,536-element dense weight (shards of 32) on all 2048
+    assert [zero_impl._pieces(n, 2048) for n in (256, 768, 1024, 65536)] == [256, 768, 1024, 2048]
+    assert zero_impl._pieces(20480, 2240) == 2048  # 530B's norms on 2240 GPUs: shards of 10, the last 192 empty
 
 
 def test_default_is_fsdp_and_unchanged(gpt3, hw):

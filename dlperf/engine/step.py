@@ -594,17 +594,23 @@ def _zero3_per_micro(comm: Any, hw: Hardware, group: Any, weight_bytes: float, g
 
 
 def _deepspeed_zero3(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
-                     tensors: tuple[list[tuple[float, int]], float]) -> tuple[Any, Any, Any, Any]:
-    """`_dp_comm` for ZeRO-3 as DeepSpeed v0.3 runs it (dlperf.engine.zero_impl): all of it recurs per
-    micro-batch."""
+                     tensors: zero_impl.Tensors) -> tuple[Any, Any, Any, Any]:
+    """`_dp_comm` for ZeRO-3 as DeepSpeed v0.3 runs it (dlperf.engine.zero_impl): the gathers and the gradient
+    allreduce recur per micro-batch, the optimizer step's re-gather of the persistent tensors once per step."""
     dp = plan.data_parallel
     if dp == 1 or not slow.dp_params:
         return 0.0, 0.0, 0.0, 0.0
     weight = element_bytes(_weight_dtype(dtype))
     grad = element_bytes(_grad_dtype(plan, dtype))
     stolen = _overlap_contention(hw, plan.tp * dp)
-    return (0.0, 0.0) + zero_impl.per_micro(comm, hw, plan, comm.Group(dp, plan.tp), weight, grad, tensors,
-                                            slow.forward_window, slow.recompute, slow.backward_window, stolen)
+    group = comm.Group(dp, plan.tp)
+    micro = zero_impl.per_micro(comm, hw, plan, group, weight, grad, tensors, slow.forward_window, slow.recompute,
+                                slow.backward_window, stolen)
+    # once per step, the optimizer step's re-gather of the persistent tensors; every later micro-batch of the
+    # step gathers them again one by one
+    again = (plan.micro_batches - 1) * zero_impl.persistent_gathers(comm, hw, group, weight, tensors)
+    step = zero_impl.post_step(comm, hw, group, weight, tensors) + again
+    return (step, step) + micro
 
 
 def _pipelined(comm_unit: Any, compute_unit: Any, units: int, tail: Any, stolen: float) -> Any:

@@ -25,6 +25,12 @@ partition_parameters.py, S3 = deepspeed/runtime/zero/stage3.py, C = deepspeed/ru
   `pre_sub_module_forward_function`, L1135-1152), so it gathers again; after the rerun a tensor is kept for its
   backward only if fewer than `stage3_max_reuse_distance` (1e9 elements, C L91) are used in between (S3
   `_keep_for_later`, L464-470), else released (`release_sub_module`, L413-453) and gathered a third time.
+- Persistent tensors: every backward pass ends by partitioning all parameters, persistent ones included (S3
+  `backward` L2549-2553 calls `_partition_all_parameters`; `release_and_reset_parameter`, L455-462, ignores
+  ds_persist). The optimizer step gathers them back (S3 `_post_step` L2339-2344) through the synchronous path
+  (PP `_allgather_params` L638-700): one list all_gather of them all, then a Python loop over every tensor and
+  every rank that copies each rank's piece into place: tensors x ranks host operations per step. A second
+  micro-batch of the same step gathers them one by one again in its forward pass.
 - Gradients: stage 3's `contiguous_gradients` defaults to False (C L59, `ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_
   DEFAULT`), so `reduce_ipg_grads` (S3 L1689-1720) takes `buffered_reduce_fallback`, whose `allreduce_bucket`
   (S3 L1794-1820) forces rank=None: every bucket of up to `reduce_bucket_size` (5e8 elements, C L62) gradients is
@@ -52,27 +58,48 @@ REDUCE_BUCKET_SIZE = 500_000_000     # C L62: elements per gradient allreduce bu
 # DEFAULT_DISPATCH in dlperf/spec/hardware.py); eager PyTorch's published 6.8 us per Python-level op
 # (pytorch/pytorch#41383) agrees. The copy kernel issued per rank is priced at the device's launch latency.
 SLICE_PYTHON_OP_S = 5.7e-6
-# Megatron-LM's attention holds two weight matrices: the fused query_key_value projection (h -> 3h) and the output
-# projection `dense` (h -> h) (megatron/model/transformer.py ParallelSelfAttention); dlperf's attention layer
-# carries both, so it is split into those two tensors.
-ATTENTION_SPLIT = (0.75, 0.25)
+# Megatron-LM's attention holds the fused query_key_value projection and the output projection `dense` (h -> h),
+# each with a bias (megatron/model/transformer.py ParallelSelfAttention); dlperf's attention layer carries all
+# four, so it is split into them: dense h^2, query_key_value the rest of the weights, biases beyond the weights.
+# A linear layer is its weight (in x out) and bias; a norm is one tensor per `hidden` of parameters (weight, bias).
+# Python-level operators per rank and persistent tensor when the optimizer step re-gathers the persistent tensors
+# (PP `_allgather_params` L674-696, synchronous path): `partitions[i].narrow`, `replicated_tensor.view(-1)`,
+# `.narrow`, `.copy_` (the copy also launches a kernel).
+POST_STEP_OPS = 4
+
+Tensors = tuple[list[tuple[float, int]], list[tuple[float, int]], float]
 
 
-def tensors(model: Model, plan: Plan) -> tuple[list[tuple[float, int]], float]:
-    """([(elements, occurrences)] of the partitioned tensors in module order, all parameter elements) of one
-    device's model: a repeated block's tensors appear once with the block's repeat count."""
-    out: list[tuple[float, int]] = []
+def _layer_tensors(layer: Any) -> list[float]:
+    """One layer's parameter tensors, in elements, as Megatron-LM holds them (see ATTENTION above)."""
+    params = float(layer.params)
+    width_in, width_out = float(layer.in_shape[-1]), float(layer.out_shape[-1])
+    if layer.op == "attention":
+        weights = min(4 * width_in**2, params)
+        dense = min(width_in**2, weights)
+        bias = params - weights
+        return [weights - dense, dense] + ([bias * 0.75, bias * 0.25] if bias > 0 else [])
+    if layer.op == "linear":
+        weight = min(width_in * width_out, params)
+        return [weight] + ([params - weight] if params > weight else [])
+    if "norm" in layer.op:
+        return [width_out] * max(round(params / width_out), 1)
+    return [params]
+
+
+def tensors(model: Model, plan: Plan) -> Tensors:
+    """([(elements, occurrences)] of the partitioned tensors in module order, the same for the persistent ones,
+    all parameter elements) of one device's model: a repeated block's tensors appear once with its repeat."""
+    parted: list[tuple[float, int]] = []
+    persistent: list[tuple[float, int]] = []
     total = 0.0
     for layer, count in model.layers():
         if not layer.params:
             continue
         total += float(layer.params) * count / plan.tp
-        shares = ATTENTION_SPLIT if layer.op == "attention" else (1.0,)
-        for share in shares:
-            n = float(layer.params) * share / plan.tp
-            if n >= PERSISTENCE_THRESHOLD:
-                out.append((n, count))
-    return out, total
+        for n in _layer_tensors(layer):
+            (parted if n / plan.tp >= PERSISTENCE_THRESHOLD else persistent).append((n / plan.tp, count))
+    return parted, persistent, total
 
 
 def _kept_after_rerun(block: list[float]) -> list[bool]:
@@ -83,16 +110,15 @@ def _kept_after_rerun(block: list[float]) -> list[bool]:
 
 
 def per_micro(comm: Any, hw: Hardware, plan: Plan, group: Any, weight_element: float, grad_element: float,
-              model_tensors: tuple[list[tuple[float, int]], float], forward: Any, recompute: Any,
+              model_tensors: Tensors, forward: Any, recompute: Any,
               backward: Any, stolen: float = 0.0) -> tuple[Any, Any]:
     """(total, exposed) seconds of one micro-batch's stage-3 communication under DeepSpeed v0.3 (module doc).
 
     `forward`, `recompute` and `backward` are the micro-batch's compute windows; each block's share of a window
     is spread over its tensors by size (its GEMMs' work), and a prefetched gather hides behind the share of the
     tensor before it in that pass's order (reversed in the backward pass)."""
-    listed, params = model_tensors
-    ranks = group.size if hasattr(group, "size") else int(group)
-    slices = ranks * (SLICE_PYTHON_OP_S + hw.device.launch_latency)
+    listed, _, params = model_tensors
+    slices = _slices(hw, group)
     repeat = max((c for _, c in listed), default=1)
     block = [n for n, c in listed if c == repeat and repeat > 1]
     block_numel = sum(block) or 1.0
@@ -134,3 +160,42 @@ def per_micro(comm: Any, hw: Hardware, plan: Plan, group: Any, weight_element: f
     buckets = max(math.ceil(params / REDUCE_BUCKET_SIZE), 1)
     reduce = buckets * comm.collective_time("allreduce", params / buckets * grad_element, group, hw)
     return total + reduce, exposed + reduce
+
+
+def _slices(hw: Hardware, group: Any) -> Any:
+    """Host seconds of one list all_gather's per-rank views and copies (module doc, "Per-rank slices")."""
+    ranks = group.size if hasattr(group, "size") else int(group)
+    return ranks * (SLICE_PYTHON_OP_S + hw.device.launch_latency)
+
+
+def persistent_gathers(comm: Any, hw: Hardware, group: Any, weight_element: float, model_tensors: Tensors) -> Any:
+    """Seconds to gather the persistent tensors one by one in a micro-batch's forward pass: every backward pass
+    ends by partitioning all parameters, persistent ones included (S3 `backward` L2549-2553 calls
+    `_partition_all_parameters`, whose `release_and_reset_parameter` ignores ds_persist, L455-462), so the next
+    micro-batch's fetches gather them again through the per-tensor path, exposed (nothing computes before them
+    in their module)."""
+    _, persistent, _ = model_tensors
+    return sum(count * (comm.collective_time("allgather", n * weight_element, group, hw) + _slices(hw, group))
+               for n, count in persistent)
+
+
+def post_step(comm: Any, hw: Hardware, group: Any, weight_element: float, model_tensors: Tensors) -> Any:
+    """Seconds of the optimizer step's re-gather of the persistent tensors (S3 `_post_step` L2339-2344): one
+    coalesced list all_gather of them all (PP `_allgather_params` L638-670), then a Python loop over every tensor
+    and every rank that copies each rank's piece into place (PP L674-696, POST_STEP_OPS operators and a copy
+    kernel each): a host cost of tensors x ranks, on an idle device."""
+    _, persistent, _ = model_tensors
+    if not persistent:
+        return 0.0
+    ranks = group.size if hasattr(group, "size") else int(group)
+    pieces = sum(c * _pieces(n, ranks) for n, c in persistent)
+    elements = sum(n * c for n, c in persistent)
+    unpack = pieces * (POST_STEP_OPS * SLICE_PYTHON_OP_S + hw.device.launch_latency)
+    return comm.collective_time("allgather", elements * weight_element, group, hw) + _slices(hw, group) + unpack
+
+
+def _pieces(elements: float, ranks: int) -> int:
+    """Ranks whose shard of a tensor holds any of it: shards are ceil(n / ranks) elements (PP `_padding_size`
+    L469-471 pads n to a multiple of the ranks), and the loop skips a shard that starts past the end (PP L686)."""
+    n = max(int(round(elements)), 1)
+    return min(ranks, math.ceil(n / math.ceil(n / ranks)))
