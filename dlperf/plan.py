@@ -13,6 +13,10 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 CONSISTENCY = ("sync", "ssp", "async")
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 CP_ALGORITHMS = ("ring", "ulysses")
+# How ZeRO stage 3 gathers and reduces (dlperf.engine.zero_impl): "fsdp", one collective per repeated block with
+# prefetch (PyTorch FSDP, the default); "deepspeed-0.3", DeepSpeed v0.3.12-v0.4.0's stage 3 (per-tensor gathers
+# through list collectives, device-wide synchronisation, bucketed gradient allreduce).
+ZERO_IMPLS = ("fsdp", "deepspeed-0.3")
 # Default load imbalance of dropless expert routing: the busiest expert-parallel rank gets this many times the
 # mean number of routed tokens. Source: Switch Transformer (Fedus et al. 2022, JMLR 23, Sec. 2.2 and Table 1),
 # whose capacity factor -- expert buffer / mean tokens per expert -- of 1.25 is the headroom over the mean load
@@ -54,6 +58,7 @@ class Plan:
     cp_algorithm: str = "ring"           # ring attention (KV passed around) or ulysses (all-to-all over heads)
     moe_imbalance: float | None = None   # busiest expert rank's tokens / mean (None: MOE_IMBALANCE)
     ep_overlap: bool = False             # dispatch/combine hidden behind an adjacent micro-batch (combined 1F1B)
+    zero_impl: str = "fsdp"              # which ZeRO-3 implementation runs (ZERO_IMPLS)
 
     @property
     def data_parallel(self) -> int:
@@ -116,6 +121,13 @@ def _check_knobs(plan: Plan) -> None:
     if plan.grad_dtype is not None:
         _choice("grad_dtype", plan.grad_dtype, DTYPES)
     _choice("cp_algorithm", plan.cp_algorithm, CP_ALGORITHMS)
+    _choice("zero_impl", plan.zero_impl, ZERO_IMPLS)
+    if plan.zero_impl != "fsdp" and plan.zero != 3:
+        raise PlanError(f"zero_impl {plan.zero_impl} describes ZeRO stage 3", expected="zero: 3", found=plan.zero)
+    if plan.zero_impl == "deepspeed-0.3" and (plan.pp > 1 or plan.cp > 1 or plan.ep > 1):
+        # priced for a flat data-parallel group only (dlperf.engine.zero_impl counts one stage's tensors, dp ranks)
+        raise PlanError("zero_impl deepspeed-0.3 runs without pipeline, context or expert parallelism",
+                        expected="pp = cp = ep = 1", found=f"pp={plan.pp} cp={plan.cp} ep={plan.ep}")
     value = plan.moe_imbalance
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or not 1 <= value <= 1000):  # also refuses NaN and infinity

@@ -79,7 +79,7 @@ MEASURED_KEYS = ("value", "unit")
 PLAN_FIELDS = {f.name: f for f in fields(Plan)}
 _BOOL_FIELDS = ("sequence_parallel", "overlap", "hybrid_fc", "tp_overlap", "fp8_param_gather", "ep_overlap")
 _STR_FIELDS = ("schedule", "recompute", "compression", "consistency", "dtype", "optimizer", "grad_dtype",
-               "cp_algorithm")
+               "cp_algorithm", "zero_impl")
 _FLOAT_FIELDS = ("moe_imbalance",)
 
 

@@ -37,6 +37,10 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--cp-algorithm", type=click.Choice(["ring", "ulysses"]), default="ring", show_default=True,
                      help="Context parallelism by ring attention (KV blocks passed around, overlapped) or by "
                           "Ulysses all-to-alls over heads."),
+        click.option("--zero-impl", type=click.Choice(["fsdp", "deepspeed-0.3"]), default="fsdp",
+                     show_default=True,
+                     help="How ZeRO-3 runs: FSDP-style per-block gathers with prefetch, or DeepSpeed v0.3's "
+                          "stage 3 (per-tensor list gathers, device-wide syncs, bucketed allreduce)."),
         click.option("--ep", type=POSITIVE, default=1, show_default=True,
                      help="Expert-parallel degree: MoE experts sharded over this many ranks of the data-parallel "
                           "group."),
@@ -114,6 +118,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         dtype=opts.get("dtype"), grad_dtype=opts.get("grad_dtype"),
         ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
         moe_imbalance=opts.get("moe_imbalance"), ep_overlap=opts.get("ep_overlap", False),
+        zero_impl=opts.get("zero_impl") or "fsdp",
     )
     if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
         from dlperf.engine.defaults import default_plan

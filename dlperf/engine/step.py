@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from dlperf import mathx
 from dlperf.engine import memory as mem
+from dlperf.engine import zero_impl
 from dlperf.engine.context import Parallel
 from dlperf.engine.layers import element_bytes, tp_uses
 from dlperf.engine.pipeline import balanced_partition, in_flight, schedule_time, uniform_partition, units
@@ -351,9 +352,14 @@ class StepModel:
     def _dp_time(self, plan: Plan, slow: StageCost, dtype: str) -> tuple[Any, Any, Any, Any]:
         key = (id(slow), plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
                plan.parameter_server, plan.compression, plan.grad_dtype, dtype, plan.fp8_param_gather, plan.cp,
-               plan.ep)
+               plan.ep, plan.zero_impl)
         if key not in self._dp:
-            self._dp[key] = _grad_sync(self.hw, plan, slow, dtype, self.comm, mem.gather_units(self.model, plan))
+            if plan.zero == 3 and plan.zero_impl == "deepspeed-0.3":
+                self._dp[key] = _deepspeed_zero3(self.hw, plan, slow, dtype, self.comm,
+                                                 zero_impl.tensors(self.model, plan))
+            else:
+                self._dp[key] = _grad_sync(self.hw, plan, slow, dtype, self.comm,
+                                           mem.gather_units(self.model, plan))
         return self._dp[key]
 
     def predict(self, plan: Plan) -> Prediction:
@@ -585,6 +591,26 @@ def _zero3_per_micro(comm: Any, hw: Hardware, group: Any, weight_bytes: float, g
     if not overlap:
         return total, total
     return total, (_pipelined(g, forward / L, L, 0.0, stolen) + _pipelined(g + r, backward / L, L, r, stolen))
+
+
+def _deepspeed_zero3(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
+                     tensors: zero_impl.Tensors) -> tuple[Any, Any, Any, Any]:
+    """`_dp_comm` for ZeRO-3 as DeepSpeed v0.3 runs it (dlperf.engine.zero_impl): the gathers and the gradient
+    allreduce recur per micro-batch, the optimizer step's re-gather of the persistent tensors once per step."""
+    dp = plan.data_parallel
+    if dp == 1 or not slow.dp_params:
+        return 0.0, 0.0, 0.0, 0.0
+    weight = element_bytes(_weight_dtype(dtype))
+    grad = element_bytes(_grad_dtype(plan, dtype))
+    stolen = _overlap_contention(hw, plan.tp * dp)
+    group = comm.Group(dp, plan.tp)
+    micro = zero_impl.per_micro(comm, hw, plan, group, weight, grad, tensors, slow.forward_window, slow.recompute,
+                                slow.backward_window, stolen)
+    # once per step, the optimizer step's re-gather of the persistent tensors; every later micro-batch of the
+    # step gathers them again one by one
+    again = (plan.micro_batches - 1) * zero_impl.persistent_gathers(comm, hw, group, weight, tensors)
+    step = zero_impl.post_step(comm, hw, group, weight, tensors) + again
+    return (step, step) + micro
 
 
 def _pipelined(comm_unit: Any, compute_unit: Any, units: int, tail: Any, stolen: float) -> Any:

@@ -1,0 +1,201 @@
+"""ZeRO stage 3 as DeepSpeed v0.3.12-v0.4.0 ran it (plan key `zero_impl: deepspeed-0.3`).
+
+Every rule below is read from DeepSpeed's source at v0.3.13 (microsoft/DeepSpeed@12a53b43, 2021-03-16; the same
+lines are unchanged through v0.4.0@2d302d6a, 2021-06-08), and from PyTorch's NCCL process group of that time
+(pytorch/pytorch torch/lib/c10d/ProcessGroupNCCL.cpp@00f5dfd5). Abbreviations: PP = deepspeed/runtime/zero/
+partition_parameters.py, S3 = deepspeed/runtime/zero/stage3.py, C = deepspeed/runtime/zero/constants.py.
+
+- Granularity: one all_gather per parameter tensor (PP `_allgather_param`, L596-636; `_all_gather` L473-493 loops
+  over the tensors with async_op=True). Tensors under `param_persistence_threshold` (1e5 elements, C L100) stay
+  gathered (S3 `persistent_parameters`, L1048-1060): biases and norms of a transformer layer are never gathered.
+- Per-rank slices: the gather output is a Python list of world_size views (`flat_tensor.narrow` in a Python loop,
+  PP L622-625), and PyTorch's list all_gather flattens the outputs into a new buffer and copies it back with one
+  `copy_` per rank (ProcessGroupNCCL::allgather, "Copy the flattened output tensors to the outputs"). Each gather
+  therefore costs world_size Python-level operators and world_size copy kernels: a host cost that grows with the
+  group, whatever the bytes (`SLICE_PYTHON_OP_S` + the device's launch latency per rank).
+- Synchronisation: `_allgather_param` calls torch.cuda.synchronize() before every gather (PP L611) and every fetch
+  ends with comm_stream.synchronize() and torch.cuda.synchronize() (S3 `_synchronize_communication`, L483-491): the
+  host issues the slices while the device is idle, and nothing from an earlier module is still running.
+- Prefetch: after a module is fetched, the next not-yet-gathered tensors (at least one, up to
+  `stage3_prefetch_bucket_size` 5e7 elements, C L94) are gathered asynchronously while that module computes, but
+  only when no gather is in flight and fewer than `stage3_max_live_parameters` (1e9 elements, C L87) are gathered
+  (S3 `prefetch_next_sub_modules`, L312-334): a gather hides behind the compute of the module before it only when
+  that module holds fewer than 1e9 gathered elements.
+- Recomputation: a checkpointed block's forward rerun in the backward pass fires the same pre-forward hooks (S3
+  `pre_sub_module_forward_function`, L1135-1152), so it gathers again; after the rerun a tensor is kept for its
+  backward only if fewer than `stage3_max_reuse_distance` (1e9 elements, C L91) are used in between (S3
+  `_keep_for_later`, L464-470), else released (`release_sub_module`, L413-453) and gathered a third time.
+- Persistent tensors: every backward pass ends by partitioning all parameters, persistent ones included (S3
+  `backward` L2549-2553 calls `_partition_all_parameters`; `release_and_reset_parameter`, L455-462, ignores
+  ds_persist). The optimizer step gathers them back (S3 `_post_step` L2339-2344) through the synchronous path
+  (PP `_allgather_params` L638-700): one list all_gather of them all, then a Python loop over every tensor and
+  every rank that copies each rank's piece into place: tensors x ranks host operations per step. A second
+  micro-batch of the same step gathers them one by one again in its forward pass.
+- Gradients: stage 3's `contiguous_gradients` defaults to False (C L59, `ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_
+  DEFAULT`), so `reduce_ipg_grads` (S3 L1689-1720) takes `buffered_reduce_fallback`, whose `allreduce_bucket`
+  (S3 L1794-1820) forces rank=None: every bucket of up to `reduce_bucket_size` (5e8 elements, C L62) gradients is
+  flattened and all-reduced in the gradients' dtype, every micro-batch. The next fetch's device-wide
+  synchronisation waits for it, so it is priced exposed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dlperf import mathx
+from dlperf.engine.stage import FULL
+from dlperf.plan import Plan
+from dlperf.spec.hardware import Hardware
+from dlperf.spec.model import Model
+
+PERSISTENCE_THRESHOLD = 100_000      # C L100 @12a53b43: tensors smaller than this are never partitioned
+MAX_LIVE_PARAMETERS = 1_000_000_000  # C L87: no prefetch while this many elements are gathered
+MAX_REUSE_DISTANCE = 1_000_000_000   # C L91: a tensor reused within this many elements stays gathered
+REDUCE_BUCKET_SIZE = 500_000_000     # C L62: elements per gradient allreduce bucket
+# Host seconds of one Python-level ATen operator (the `narrow` of each rank's slice, PP L622-625): 5.7 us per
+# forward operator measured by benchmarks/host_ops.py on a Megatron-DeepSpeed layer (the figure behind
+# DEFAULT_DISPATCH in dlperf/spec/hardware.py); eager PyTorch's published 6.8 us per Python-level op
+# (pytorch/pytorch#41383) agrees. The copy kernel issued per rank is priced at the device's launch latency.
+SLICE_PYTHON_OP_S = 5.7e-6
+# Megatron-LM's attention holds the fused query_key_value projection and the output projection `dense` (h -> h),
+# each with a bias (megatron/model/transformer.py ParallelSelfAttention); dlperf's attention layer carries all
+# four, so it is split into them: dense h^2, query_key_value the rest of the weights, biases beyond the weights.
+# A linear layer is its weight (in x out) and bias; a norm is one tensor per `hidden` of parameters (weight, bias).
+# Python-level operators per rank and persistent tensor when the optimizer step re-gathers the persistent tensors
+# (PP `_allgather_params` L674-696, synchronous path): `partitions[i].narrow`, `replicated_tensor.view(-1)`,
+# `.narrow`, `.copy_` (the copy also launches a kernel).
+POST_STEP_OPS = 4
+
+Tensors = tuple[list[tuple[float, int]], list[tuple[float, int]], float]
+
+
+def _layer_tensors(layer: Any) -> list[float]:
+    """One layer's parameter tensors, in elements, as Megatron-LM holds them (see ATTENTION above)."""
+    params = float(layer.params)
+    width_in, width_out = float(layer.in_shape[-1]), float(layer.out_shape[-1])
+    if layer.op == "attention":
+        weights = min(4 * width_in**2, params)
+        dense = min(width_in**2, weights)
+        bias = params - weights
+        return [weights - dense, dense] + ([bias * 0.75, bias * 0.25] if bias > 0 else [])
+    if layer.op == "linear":
+        weight = min(width_in * width_out, params)
+        return [weight] + ([params - weight] if params > weight else [])
+    if "norm" in layer.op:
+        return [width_out] * max(round(params / width_out), 1)
+    return [params]
+
+
+def tensors(model: Model, plan: Plan) -> Tensors:
+    """([(elements, occurrences)] of the partitioned tensors in module order, the same for the persistent ones,
+    all parameter elements) of one device's model: a repeated block's tensors appear once with its repeat."""
+    parted: list[tuple[float, int]] = []
+    persistent: list[tuple[float, int]] = []
+    total = 0.0
+    for layer, count in model.layers():
+        if not layer.params:
+            continue
+        total += float(layer.params) * count / plan.tp
+        for n in _layer_tensors(layer):
+            (parted if n / plan.tp >= PERSISTENCE_THRESHOLD else persistent).append((n / plan.tp, count))
+    return parted, persistent, total
+
+
+def _kept_after_rerun(block: list[float]) -> list[bool]:
+    """Whether each tensor of a checkpointed block stays gathered from its forward rerun to its backward: the
+    backward walks the block in reverse, so what is used in between is every tensor after it (S3 L464-470)."""
+    after = [sum(block[i + 1:]) for i in range(len(block))]
+    return [a < MAX_REUSE_DISTANCE for a in after]
+
+
+def per_micro(comm: Any, hw: Hardware, plan: Plan, group: Any, weight_element: float, grad_element: float,
+              model_tensors: Tensors, forward: Any, recompute: Any,
+              backward: Any, stolen: float = 0.0) -> tuple[Any, Any]:
+    """(total, exposed) seconds of one micro-batch's stage-3 communication under DeepSpeed v0.3 (module doc).
+
+    `forward`, `recompute` and `backward` are the micro-batch's compute windows; each block's share of a window
+    is spread over its tensors by size (its GEMMs' work), and a prefetched gather hides behind the share of the
+    tensor before it in that pass's order (reversed in the backward pass)."""
+    listed, _, params = model_tensors
+    slices = _slices(hw, group)
+    repeat = max((c for _, c in listed), default=1)
+    block = [n for n, c in listed if c == repeat and repeat > 1]
+    block_numel = sum(block) or 1.0
+    rerun = plan.recompute in FULL and bool(block)
+    kept = _kept_after_rerun(block) if rerun else [False] * len(block)
+
+    def gather(n: float) -> Any:
+        return comm.collective_time("allgather", n * weight_element, group, hw)
+
+    def pass_cost(order: list[float], window: Any, skip: list[bool]) -> tuple[Any, Any]:
+        """(total, exposed) of gathering a block's tensors in `order` once, hiding each behind its
+        predecessor's compute share when the prefetch may run."""
+        total = exposed = 0.0
+        for i, n in enumerate(order):
+            if skip[i]:
+                continue
+            g = gather(n)
+            before = order[i - 1] if i else order[-1]  # the previous block's last module issued the first one
+            hide = window * before / block_numel if before < MAX_LIVE_PARAMETERS else 0.0
+            shown = mathx.maximum(g - hide, 0.0)
+            total += g + slices
+            exposed += shown + stolen * (g - shown) + slices
+        return total, exposed
+
+    total = exposed = 0.0
+    if block:
+        none = [False] * len(block)
+        parts = [pass_cost(block, forward / repeat, none),
+                 pass_cost(block[::-1], backward / repeat, kept[::-1])]
+        if rerun:
+            parts.append(pass_cost(block, recompute / repeat, none))
+        total = repeat * sum(t for t, _ in parts)
+        exposed = repeat * sum(x for _, x in parts)
+    for n, count in listed:
+        if count == repeat and repeat > 1:
+            continue
+        one = count * 2 * (gather(n) + slices)  # a tensor outside the block: gathered forward and backward, exposed
+        total, exposed = total + one, exposed + one
+    buckets = max(math.ceil(params / REDUCE_BUCKET_SIZE), 1)
+    reduce = buckets * comm.collective_time("allreduce", params / buckets * grad_element, group, hw)
+    return total + reduce, exposed + reduce
+
+
+def _slices(hw: Hardware, group: Any) -> Any:
+    """Host seconds of one list all_gather's per-rank views and copies (module doc, "Per-rank slices")."""
+    ranks = group.size if hasattr(group, "size") else int(group)
+    return ranks * (SLICE_PYTHON_OP_S + hw.device.launch_latency)
+
+
+def persistent_gathers(comm: Any, hw: Hardware, group: Any, weight_element: float, model_tensors: Tensors) -> Any:
+    """Seconds to gather the persistent tensors one by one in a micro-batch's forward pass: every backward pass
+    ends by partitioning all parameters, persistent ones included (S3 `backward` L2549-2553 calls
+    `_partition_all_parameters`, whose `release_and_reset_parameter` ignores ds_persist, L455-462), so the next
+    micro-batch's fetches gather them again through the per-tensor path, exposed (nothing computes before them
+    in their module)."""
+    _, persistent, _ = model_tensors
+    return sum(count * (comm.collective_time("allgather", n * weight_element, group, hw) + _slices(hw, group))
+               for n, count in persistent)
+
+
+def post_step(comm: Any, hw: Hardware, group: Any, weight_element: float, model_tensors: Tensors) -> Any:
+    """Seconds of the optimizer step's re-gather of the persistent tensors (S3 `_post_step` L2339-2344): one
+    coalesced list all_gather of them all (PP `_allgather_params` L638-670), then a Python loop over every tensor
+    and every rank that copies each rank's piece into place (PP L674-696, POST_STEP_OPS operators and a copy
+    kernel each): a host cost of tensors x ranks, on an idle device."""
+    _, persistent, _ = model_tensors
+    if not persistent:
+        return 0.0
+    ranks = group.size if hasattr(group, "size") else int(group)
+    pieces = sum(c * _pieces(n, ranks) for n, c in persistent)
+    elements = sum(n * c for n, c in persistent)
+    unpack = pieces * (POST_STEP_OPS * SLICE_PYTHON_OP_S + hw.device.launch_latency)
+    return comm.collective_time("allgather", elements * weight_element, group, hw) + _slices(hw, group) + unpack
+
+
+def _pieces(elements: float, ranks: int) -> int:
+    """Ranks whose shard of a tensor holds any of it: shards are ceil(n / ranks) elements (PP `_padding_size`
+    L469-471 pads n to a multiple of the ranks), and the loop skips a shard that starts past the end (PP L686)."""
+    n = max(int(round(elements)), 1)
+    return min(ranks, math.ceil(n / math.ceil(n / ranks)))

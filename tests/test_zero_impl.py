@@ -1,0 +1,171 @@
+"""ZeRO-3 as DeepSpeed v0.3 runs it (plan key zero_impl: deepspeed-0.3; dlperf/engine/zero_impl.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dlperf.engine import zero_impl
+from dlperf.engine.step import StepModel
+from dlperf.errors import DlperfError
+from dlperf.plan import Plan, validate
+from dlperf.spec.hardware import load_hardware
+from dlperf.spec.model import load_model
+from dlperf.validate import load_dataset
+from tests.test_monotone import CONSTANTS, faster
+from tests.test_validate import TINY, write
+
+GPT3 = {"hidden": 12288, "heads": 96, "layers": 96, "seq": 2048, "vocab": 51200}
+
+
+@pytest.fixture(scope="module")
+def hw():
+    return load_hardware("dgx-a100")
+
+
+@pytest.fixture(scope="module")
+def gpt3():
+    return load_model("gpt", GPT3)
+
+
+def ds(plan: Plan) -> Plan:
+    return plan.with_(zero_impl="deepspeed-0.3")
+
+
+def test_tensors_follow_the_persistence_threshold_and_megatrons_modules(gpt3):
+    parted, persistent, total = zero_impl.tensors(gpt3, Plan(devices=8, zero=3, global_batch=8))
+    h = 12288
+    # per block: query_key_value (3h^2), dense (h^2), the two MLP weights (4h^2); norms and biases (< 1e5) persist
+    assert [n / h**2 for n, c in parted if c == 96] == [3.0, 1.0, 4.0, 4.0]
+    assert [c for n, c in parted if c == 1] == [1, 1]  # token and position embeddings
+    # two norms (weight, bias) and four biases per block, the final norm once
+    assert [n / h for n, c in persistent if c == 96] == [1, 1, 3, 1, 1, 1, 4, 1]  # ln1, qkv/dense/fc1/fc2 bias
+    assert [(n, c) for n, c in persistent if c == 1] == [(h, 1), (h, 1)]
+    assert total == pytest.approx(gpt3.total_params)
+
+
+def test_a_tensor_stays_gathered_after_its_rerun_only_within_the_reuse_distance():
+    # the backward walks the block in reverse: fc2 is used right after the rerun, fc1 after fc2 (6e8 < 1e9),
+    # dense after both MLP weights (1.2e9), query_key_value after three tensors
+    assert zero_impl._kept_after_rerun([4.5e8, 1.5e8, 6e8, 6e8]) == [False, False, True, True]
+
+
+class NoLink:
+    """A communicator whose collectives are free: what is left is the per-rank host cost."""
+
+    Group = staticmethod(lambda size, stride=1: type("G", (), {"size": size})())
+
+    @staticmethod
+    def collective_time(*_args):
+        return 0.0
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_every_gather_costs_a_python_op_and_a_copy_per_rank(hw, recompute):
+    model = load_model("gpt", {"hidden": 256, "heads": 4, "layers": 3, "seq": 512, "vocab": 1000})
+    plan = Plan(devices=64, dp=64, zero=3, global_batch=64, recompute=recompute, zero_impl="deepspeed-0.3")
+    tensors = zero_impl.tensors(model, plan)
+    # at hidden 256 query_key_value (3h^2) and the MLP weights (4h^2) are gathered in each of the 3 blocks, the
+    # two embeddings once each; the output projection (h^2 = 65,536), the biases and the norms persist
+    assert tensors[0] == [(256000, 1), (131072, 1), (196608, 3), (262144, 3), (262144, 3)]
+    # forward + backward; with the rerun, forward + rerun, and the three stay gathered for the backward pass
+    # (every reuse distance is far below 1e9): 3 tensors x 3 blocks x 2 + 2 embeddings x 2
+    gathers = 22
+    per_rank = zero_impl.SLICE_PYTHON_OP_S + hw.device.launch_latency
+    for ranks in (64, 512):
+        total, shown = zero_impl.per_micro(NoLink, hw, plan, NoLink.Group(ranks), 2, 2, tensors, 1.0, 1.0, 1.0)
+        assert total == pytest.approx(gathers * ranks * per_rank)
+        assert shown == pytest.approx(total)  # the host issues the slices while the device waits
+
+
+def test_the_optimizer_step_unpacks_every_persistent_tensor_rank_by_rank(hw):
+    model = load_model("gpt", {"hidden": 256, "heads": 4, "layers": 3, "seq": 512, "vocab": 1000})
+    tensors = zero_impl.tensors(model, Plan(devices=64, zero=3, global_batch=64))
+    persistent = sum(c for _, c in tensors[1])
+    assert persistent == 3 * 9 + 2  # per block: 2 norms x 2, dense weight, 4 biases; the final norm's 2
+    per_piece = zero_impl.POST_STEP_OPS * zero_impl.SLICE_PYTHON_OP_S + hw.device.launch_latency
+    per_rank = zero_impl.SLICE_PYTHON_OP_S + hw.device.launch_latency
+    # 64 ranks: every persistent tensor (>= 256 elements) has a piece on every rank
+    assert zero_impl.post_step(NoLink, hw, NoLink.Group(64), 2, tensors) == pytest.approx(
+        persistent * 64 * per_piece + 64 * per_rank)
+    # 2048 ranks: a 256-element tensor sits on 256 ranks, a 768-element bias on 768 ranks (shards of 1), a
+    # 1024-element one on 1024; the 65,536-element dense weight (shards of 32) on all 2048
+    assert [zero_impl._pieces(n, 2048) for n in (256, 768, 1024, 65536)] == [256, 768, 1024, 2048]
+    assert zero_impl._pieces(20480, 2240) == 2048  # 530B's norms on 2240 GPUs: shards of 10, the last 192 empty
+
+
+def test_default_is_fsdp_and_unchanged(gpt3, hw):
+    plan = Plan(devices=768, dp=768, global_batch=1536, micro_batch=2, zero=3, recompute="full", dtype="fp16")
+    assert plan.zero_impl == "fsdp"
+    fsdp = StepModel(gpt3, hw).predict(plan.with_(zero_impl="fsdp"))
+    assert fsdp.step_time_s == StepModel(gpt3, hw).predict(plan).step_time_s
+    deepspeed = StepModel(gpt3, hw).predict(ds(plan))
+    assert deepspeed.step_time_s > fsdp.step_time_s
+    assert deepspeed.breakdown_s["compute/forward"] == fsdp.breakdown_s["compute/forward"]
+
+
+def test_the_rank_count_grows_the_exposed_communication(gpt3, hw):
+    # one micro-batch of one sample per GPU: the gathered bytes are the same at every size, the slices are not
+    exposed = []
+    for gpus in (384, 768, 1536):
+        plan = Plan(devices=gpus, dp=gpus, global_batch=gpus, micro_batch=1, zero=3, recompute="full",
+                    dtype="fp16", zero_impl="deepspeed-0.3")
+        exposed.append(StepModel(gpt3, hw).predict(plan).breakdown_s["comm/dp_allreduce"])
+    assert exposed[0] < exposed[1] < exposed[2]
+
+
+@pytest.mark.parametrize("constant", CONSTANTS)
+@pytest.mark.parametrize(("model", "dp", "recompute"), [("gpt2-xl", 64, "full"), ("bert-large", 16, "none")])
+def test_more_bandwidth_or_peak_never_makes_deepspeed_zero3_slower(hw, constant, model, dp, recompute):
+    m = load_model(model)
+    plan = Plan(devices=dp, dp=dp, global_batch=4 * dp, micro_batch=2, zero=3, recompute=recompute,
+                zero_impl="deepspeed-0.3")
+    before = StepModel(m, hw).predict(plan).step_time_s
+    for factor in (1.1, 2.0, 10.0):
+        after = StepModel(m, faster(hw, constant, factor)).predict(plan).step_time_s
+        assert after <= before * (1 + 1e-9), (constant, factor, before, after)
+
+
+def test_the_zero3_rows_of_narayanan_table2_name_deepspeed():
+    rows = [r for r in load_dataset() if r.id.startswith("narayanan2021-t2-")]
+    impls = {r.id: r.plan.zero_impl for r in rows}
+    assert {i for i, v in impls.items() if v == "deepspeed-0.3"} == {i for i in impls if "-zero3-" in i}
+    assert len(impls) == 12
+
+
+@pytest.mark.parametrize(("plan", "message"), [
+    (Plan(devices=8, global_batch=8, zero=3, zero_impl="megatron"), "expected one of fsdp, deepspeed-0.3"),
+    (Plan(devices=8, global_batch=8, zero=1, zero_impl="deepspeed-0.3"), "describes ZeRO stage 3"),
+    (Plan(devices=8, pp=2, global_batch=8, zero=3, zero_impl="deepspeed-0.3"), "without pipeline"),
+])
+def test_bad_plans_are_refused(plan, message):
+    with pytest.raises(DlperfError, match=message):
+        validate(plan)
+
+
+@pytest.mark.parametrize(("new", "message"), [
+    ("zero_impl: megatron, ", "expected one of fsdp, deepspeed-0.3"),
+    ("zero_impl: 3, ", "expected a name"),
+    ("zero_impl: deepspeed-0.3, ", "describes ZeRO stage 3"),
+])
+def test_bad_rows_give_one_located_line(tmp_path, new, message):
+    path = write(tmp_path, TINY.replace("dp: 8, global_batch", f"dp: 8, {new}global_batch", 1))
+    with pytest.raises(DlperfError) as err:
+        load_dataset([path])
+    text = str(err.value)
+    assert message in text and "\n" not in text and text.startswith(f"{path}:")
+    proc = subprocess.run([sys.executable, "-m", "dlperf", "validate", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--zero-impl", "bogus", "--zero", "3"), "'--zero-impl'"),
+    (("--zero-impl", "deepspeed-0.3"), "describes ZeRO stage 3"),
+])
+def test_bad_cli_options_exit_2_with_one_line(args, message):
+    proc = subprocess.run([sys.executable, "-m", "dlperf", "predict", "gpt2-xl", "dgx-a100", "--gpus", "8", *args],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
