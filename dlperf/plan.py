@@ -7,7 +7,7 @@ from typing import Any
 
 from dlperf.errors import PlanError
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "dualpipe")
 RECOMPUTE = ("none", "selective", "full", "except_last")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 CONSISTENCY = ("sync", "ssp", "async")
@@ -157,11 +157,30 @@ def _check_ep_overlap(plan: Plan) -> None:
         raise PlanError("--ep-overlap hides expert all-to-alls: it needs ep > 1")
     if plan.recompute in ("full", "except_last"):
         raise PlanError("--ep-overlap does not combine with full recomputation (Megatron-Core)")
-    if plan.pp > 1 and plan.schedule != "interleaved":
-        raise PlanError("--ep-overlap with pp > 1 needs the interleaved schedule (Megatron-Core)")
+    if plan.pp > 1 and plan.schedule not in ("interleaved", "dualpipe"):
+        raise PlanError("--ep-overlap with pp > 1 needs the interleaved schedule (Megatron-Core) or dualpipe")
     if plan.micro_batches < 2:
         raise PlanError("--ep-overlap pairs micro-batches: it needs 2 or more per replica",
                         expected="micro-batches >= 2", found=plan.micro_batches)
+
+
+def _check_dualpipe(plan: Plan) -> None:
+    """DeepSeek-V3's DualPipe (arXiv:2412.19437, Sec. 3.2.1) feeds micro-batches from both ends of the pipeline:
+    it needs an even number of stages and of micro-batches, and its reference implementation at least two
+    micro-batches per stage (deepseek-ai/DualPipe dualpipe/dualpipe.py @3da1bbe, DualPipe.step: `num_ranks % 2
+    == 0`, `num_chunks % 2 == 0 and num_chunks >= num_ranks * 2`). Each forward chunk is paired with another
+    micro-batch's backward chunk, as combined 1F1B pairs them, so full recomputation does not combine with it
+    (dlperf.plan._check_ep_overlap)."""
+    m, pp = plan.micro_batches, plan.pp
+    if pp == 1 or pp % 2:
+        raise PlanError("the dualpipe schedule feeds the pipeline from both ends: it needs an even pp >= 2",
+                        expected="pp even, >= 2", found=pp)
+    if m % 2 or m < 2 * pp:
+        raise PlanError(f"the dualpipe schedule needs an even number of micro-batches, at least 2*pp = {2 * pp} "
+                        "(deepseek-ai/DualPipe)", expected=f"even micro-batches >= {2 * pp}", found=m)
+    if plan.recompute in ("full", "except_last"):
+        raise PlanError("the dualpipe schedule pairs forward and backward chunks: it does not combine with full "
+                        "recomputation", expected="--recompute none or selective", found=plan.recompute)
 
 
 def validate(plan: Plan, heads: int | None = None, layers: int | None = None) -> Plan:
@@ -207,6 +226,8 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
                             f"staged ({layers})")
     elif plan.virtual_stages != 1:
         raise PlanError("virtual stages need --schedule interleaved")
+    if plan.schedule == "dualpipe":
+        _check_dualpipe(plan)
     if plan.hybrid_fc and (plan.tp > 1 or plan.pp > 1):
         raise PlanError("--hybrid-fc spreads the fully connected head over all devices: it needs tp = pp = 1")
     if plan.ep_overlap:

@@ -51,7 +51,7 @@ class SearchSpace:
     (Narayanan et al. 2021, takeaway #1); micro-batches are powers of two up to max_micro_batch, plus the whole
     per-replica batch."""
 
-    schedules: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
+    schedules: tuple[str, ...] = ("1f1b", "interleaved", "gpipe", "dualpipe")  # dualpipe: only with ep > 1
     zero: tuple[int, ...] = (0, 1, 2, 3)
     recompute: tuple[str, ...] = ("none", "selective", "full")
     sequence_parallel: tuple[bool, ...] = (False, True)
@@ -98,28 +98,43 @@ def _cheap_knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) 
     micros = sorted({d for d in _powers_of_two_upto(space.max_micro_batch) if per_replica % d == 0} | {per_replica})
     for micro in micros:
         m = per_replica // micro
-        for schedule, v in _schedules(plan.pp, m, space, layers):
+        for schedule, v in _schedules(plan.pp, m, space, layers, plan.ep):
             for zero in (space.zero if plan.dp > 1 or plan.cp > 1 else (0,)):
-                for recompute in space.recompute:
+                for recompute in _recomputes(schedule, space):
                     for sp in (space.sequence_parallel if plan.tp > 1 else (False,)):
                         for overlap in _ep_overlaps(plan, m, schedule, recompute, space):
                             yield plan.with_(micro_batch=micro, schedule=schedule, virtual_stages=v, zero=zero,
                                              recompute=recompute, sequence_parallel=sp, ep_overlap=overlap)
 
 
+def _recomputes(schedule: str, space: SearchSpace) -> tuple[str, ...]:
+    """DualPipe pairs forward with backward chunks and takes no full recomputation (dlperf.plan._check_dualpipe)."""
+    if schedule == "dualpipe":
+        return tuple(r for r in space.recompute if r not in ("full", "except_last"))
+    return space.recompute
+
+
 def _ep_overlaps(plan: Plan, m: int, schedule: str, recompute: str, space: SearchSpace) -> tuple[bool, ...]:
-    """Expert all-to-all overlap where Megatron-Core allows it (dlperf.plan._check_ep_overlap)."""
+    """Expert all-to-all overlap where Megatron-Core allows it (dlperf.plan._check_ep_overlap); DualPipe always
+    pairs its chunks, so the flag would only repeat the plan."""
+    if schedule == "dualpipe":
+        return (False,)
     allowed = plan.ep > 1 and m >= 2 and recompute not in ("full", "except_last") and (
         plan.pp == 1 or schedule == "interleaved")
     return space.ep_overlap if allowed else (False,)
 
 
-def _schedules(pp: int, m: int, space: SearchSpace, layers: int) -> Iterator[tuple[str, int]]:
+def _schedules(pp: int, m: int, space: SearchSpace, layers: int, ep: int = 1) -> Iterator[tuple[str, int]]:
     if pp == 1:
         yield "1f1b", 1  # no pipeline: the schedule does not matter
         return
     for schedule in space.schedules:
-        if schedule != "interleaved":
+        if schedule == "dualpipe":
+            # DeepSeek-V3's schedule exists to hide expert all-to-alls: tried with expert parallelism only, where
+            # its rules hold (dlperf.plan._check_dualpipe)
+            if ep > 1 and pp % 2 == 0 and m % 2 == 0 and m >= 2 * pp:
+                yield schedule, 1
+        elif schedule != "interleaved":
             yield schedule, 1
         elif m % pp == 0:
             for v in range(2, min(space.max_virtual_stages, layers // pp) + 1):

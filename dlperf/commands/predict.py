@@ -52,8 +52,9 @@ def plan_options(fn: Callable) -> Callable:
                           "Transformer's capacity factor)."),
         click.option("--global-batch", type=BATCH, default=None, help="Samples per step over all replicas."),
         click.option("--micro-batch", type=BATCH, default=None, help="Samples per micro-batch per replica."),
-        click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
-                     show_default=True, help="Pipeline schedule."),
+        click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved", "dualpipe"]), default="1f1b",
+                     show_default=True, help="Pipeline schedule (dualpipe: DeepSeek-V3's bidirectional pipeline, "
+                                             "expert all-to-alls hidden behind paired chunks; needs an even pp)."),
         click.option("--virtual-stages", type=POSITIVE, default=1, show_default=True,
                      help="Model chunks per device for the interleaved schedule."),
         click.option("--zero", type=Count(0, 3), default=0, show_default=True,

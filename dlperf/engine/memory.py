@@ -75,6 +75,23 @@ def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], 
     return {**states, "activations": acts, "buffers": buffers, "reserved": reserved, "total": allocated + reserved}
 
 
+def dualpipe_per_device(model: Model, hw: Hardware, plan: Plan, devices: list[StageCost], dtype: str) -> dict[str, Any]:
+    """Memory of the fullest DualPipe rank (DeepSeek-V3, arXiv:2412.19437, Table 2: 2x parameters, PP+1
+    micro-batches of activations). `devices` are the ranks' pairs of stages (each StageCost two chunks: both
+    stages' parameters, activations of one micro-batch through each); `plan` has the doubled data-parallel group
+    over which the two copies of a stage reduce and shard their gradients and optimizer states. Activations: PP+1
+    chunks in flight, each a micro-batch through one of the rank's two stages (half a pair's)."""
+    heaviest = max(devices, key=lambda d: d.params)
+    states = _states(heaviest, plan, dtype)
+    acts = (plan.pp + 1) * mathx.maximum(*(d.saved_bytes / 2 for d in devices))
+    buffers = DDP_BUFFER_BYTES if plan.data_parallel > 1 else 0
+    if plan.zero >= 3:
+        states["gathered"] = _zero3_working_set(model, plan, heaviest.params / 2, dtype)  # a unit of one stage
+    allocated = sum(states.values()) + acts + buffers
+    reserved = runtime_reserve(hw, allocated)
+    return {**states, "activations": acts, "buffers": buffers, "reserved": reserved, "total": allocated + reserved}
+
+
 def _zero3_working_set(model: Model, plan: Plan, params: Any, dtype: str) -> Any:
     """ZeRO-3 materialises a unit's full parameters to compute it: the unit being computed and the one being
     prefetched (PyTorch FSDP's rate limiter allows two all-gathers in flight; Zhao et al. 2023, VLDB, section

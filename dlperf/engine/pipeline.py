@@ -114,3 +114,21 @@ def in_flight(schedule: str, m: Any, pp: int, v: Any) -> Any:
         return m * 1.0
     full = mathx.minimum(m, pp)
     return full * (1 + (pp - 1) / (pp * v)) if schedule == "interleaved" else full * 1.0
+
+
+def dualpipe_pairs(m: Any, pp: int, rank: int) -> Any:
+    """Forward chunks that rank `rank` (< pp/2, counted from the pipeline's ends; ranks r and pp-1-r run the same
+    schedule mirrored) runs overlapped with another micro-batch's backward chunk, out of its m forward chunks.
+    Counted from deepseek-ai/DualPipe dualpipe/dualpipe.py @3da1bbe (DualPipe.step): its main step runs
+    m/2 - pp + r + 1 iterations of two overlapped chunk pairs (one fewer on the middle rank, whose first iteration
+    is not overlapped), and step 5 another pp/2 - r - 1; warm-up and cool-down chunks run alone."""
+    half = pp // 2
+    pairs = 2 * (m / 2 - pp + rank + 1) + (half - rank - 1)
+    return pairs - 1 if rank == half - 1 else pairs
+
+
+def dualpipe_bubble(paired: Any, backward: Any, weight: Any, pp: int) -> Any:
+    """DualPipe's idle time, (PP/2 - 1)(F&B + B - 3W) (DeepSeek-V3, arXiv:2412.19437, Table 2; deepseek-ai/DualPipe
+    README): F&B the time of a forward and a backward chunk overlapped with each other, B a full backward chunk, W
+    its weight-gradient part (deferred as in zero-bubble pipelines). 1F1B's is (PP - 1)(F + B)."""
+    return (pp // 2 - 1) * mathx.maximum(paired + backward - 3 * weight, 0.0)

@@ -49,6 +49,7 @@ class StageCost:
     cp_comm_fwd: Any = 0.0          # context-parallel exchange left exposed (ring sends, Ulysses all-to-alls)
     cp_comm_bwd: Any = 0.0
     expert_params: Any = 0          # the routed experts' share of `params` when ep > 1 (reduced over edp)
+    backward_weight: Any = 0.0      # the weight-gradient share of `backward` (DualPipe's W; see _weight_share)
 
     @property
     def dp_params(self) -> Any:
@@ -58,7 +59,7 @@ class StageCost:
         """Two parts of one device's work run one after the other (e.g. the convolutional body and the head)."""
         names = ("forward", "backward", "recompute", "tp_comm_fwd", "tp_comm_bwd", "params",
                  "saved_bytes", "host_fwd", "host_bwd", "host_recompute", "ep_comm_fwd", "ep_comm_bwd",
-                 "cp_comm_fwd", "cp_comm_bwd", "expert_params")
+                 "cp_comm_fwd", "cp_comm_bwd", "expert_params", "backward_weight")
         out = StageCost(**{n: getattr(self, n) + getattr(other, n) for n in names})
         for part in (self, other):
             for key, value in part.per_type.items():
@@ -154,6 +155,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
                 core = [core[0] + fwd, core[1] + bwd]
             out.forward = out.forward + use.count * fwd
             out.backward = out.backward + use.count * bwd
+            out.backward_weight = out.backward_weight + use.count * bwd * _weight_share(kernel)
             out.host_fwd = out.host_fwd + use.count * host_fwd
             out.host_bwd = out.host_bwd + use.count * host_bwd
             if _recomputed(recompute, use, kernel):
@@ -176,6 +178,16 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
             saved = saved - quadratic_attention_bytes(use.layer, e) * batch / tp
         out.saved_bytes = out.saved_bytes + use.count * (saved / par.cp if par.cp > 1 else saved)
     return out
+
+
+def _weight_share(kernel: Kernel) -> Any:
+    """The share of a kernel's backward time spent on weight gradients, taken as its share of the backward FLOPs
+    (dgrad and wgrad GEMMs of one layer have the same shape class and run at about the same rate): what a
+    zero-bubble schedule (Qi et al. 2024, ZB1P; DeepSeek-V3's DualPipe) defers as the "W" chunk."""
+    weight = kernel.cost.bwd_weight_flops
+    if mathx.is_zero(weight):
+        return 0.0
+    return weight / kernel.bwd_flops
 
 
 def _add_tp_comm(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute: str, comm_time: Any,

@@ -15,7 +15,15 @@ from dlperf.engine import memory as mem
 from dlperf.engine import zero_impl
 from dlperf.engine.context import Parallel
 from dlperf.engine.layers import element_bytes, tp_uses
-from dlperf.engine.pipeline import balanced_partition, in_flight, schedule_time, uniform_partition, units
+from dlperf.engine.pipeline import (
+    balanced_partition,
+    dualpipe_bubble,
+    dualpipe_pairs,
+    in_flight,
+    schedule_time,
+    uniform_partition,
+    units,
+)
 from dlperf.engine.stage import StageCost, stage_cost
 from dlperf.engine.work import model_cost
 from dlperf.errors import PlanError
@@ -114,6 +122,7 @@ class StepModel:
         self._pace: dict[tuple[int, int], tuple[StageCost, StageCost, StageCost]] = {}
         self._tp_fns: dict[int, Any] = {}
         self._work: dict[tuple, list[tuple[float, float, float]]] = {}
+        self._twins: dict[tuple, tuple[list[StageCost], list[StageCost]]] = {}
 
     def stages(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
         """(every stage's cost, the slowest stage, the most parameters on one device, the largest activation
@@ -244,6 +253,8 @@ class StepModel:
         ok = (m >= 1) & (m == np.floor(m)) & (v >= 1)
         if plan.schedule == "interleaved":
             ok &= (m % plan.pp == 0) & (v >= 2) & (plan.pp * v <= self.layers)
+        elif plan.schedule == "dualpipe":
+            ok &= (m % 2 == 0) & (m >= 2 * plan.pp) & (v == 1)
         else:
             ok &= v == 1
         step, _, memory, *_ = self._evaluate(plan, m, v)
@@ -262,6 +273,8 @@ class StepModel:
 
     def _combine(self, plan: Plan, dtype: str, e: int, staged: tuple[list[StageCost], StageCost, Any, Any], m: Any,
                  v: Any, with_memory: bool = True) -> tuple[Any, dict[str, Any], dict[str, Any], StageCost, str, int]:
+        if plan.schedule == "dualpipe":
+            return self._dualpipe(plan, dtype, e, staged, m, with_memory)
         stages, slow, params, boundary = staged
         passes = {key: self._passes(plan, s, dtype, m) for key, s in {id(s): s for s in stages}.items()}
         t = passes[id(slow)]
@@ -292,6 +305,77 @@ class StepModel:
         flight = in_flight(plan.schedule, m, plan.pp, v) + (1 if plan.ep_overlap else 0)  # the paired micro-batch
         memory = mem.per_device(self.model, self.hw, plan, stages, dtype, flight) if with_memory else {}
         return step + optimizer, breakdown, memory, slow, dtype, staleness
+
+    def _dualpipe(self, plan: Plan, dtype: str, e: int, staged: tuple[list[StageCost], StageCost, Any, Any], m: Any,
+                  with_memory: bool) -> tuple[Any, dict[str, Any], dict[str, Any], StageCost, str, int]:
+        """DeepSeek-V3's DualPipe (arXiv:2412.19437, Sec. 3.2.1, Table 2; deepseek-ai/DualPipe @3da1bbe).
+
+        Rank r holds stages r and pp-1-r (two copies of every stage's parameters in the pipeline) and runs
+        m/2 micro-batches through each, fed from both ends. Its steady state pairs one micro-batch's forward chunk
+        with another's backward chunk: each chunk's expert dispatch/combine (and its pp sends) run while the other
+        chunk computes, so per pair only what outlasts the partner's compute is exposed, and the hidden part
+        slows that compute by the SMs the all-to-all holds (`_overlap_contention`, as for every overlapped
+        collective). Warm-up and cool-down chunks run alone and expose their all-to-alls and sends
+        (`dualpipe_pairs` counts the pairs). Idle time is the report's (PP/2-1)(F&B + B - 3W). The two copies of
+        a stage reduce their gradients together: gradient synchronisation, ZeRO sharding and the optimizer see a
+        data-parallel group of 2*dp. The busiest rank sets the step (the pass times of its two stages, ties to
+        the rank with fewest pairs, at the pipeline's ends)."""
+        stages, _, _, boundary = staged
+        devices = self._twin_devices(stages, plan.pp)
+        twin = plan.with_(dp=2 * plan.data_parallel)
+        share = recompute_share(plan, m)
+        stolen = _overlap_contention(self.hw, plan.tp * plan.cp * plan.ep)
+
+        def accumulate(device: StageCost) -> Any:
+            return _grad_accumulation(self.hw, twin, device.params, dtype)
+
+        rank = max(range(len(devices)), key=lambda r: (devices[r].pass_time(accumulate(devices[r])), -r))
+        device = devices[rank]
+        acc = accumulate(device)
+        # per two chunks (one through each of the rank's stages): paired and alone
+        hide_fwd = mathx.maximum(device.ep_comm_fwd - device.backward, 0.0) + stolen * mathx.minimum(
+            device.ep_comm_fwd, device.backward)
+        hide_bwd = mathx.maximum(device.ep_comm_bwd - device.forward, 0.0) + stolen * mathx.minimum(
+            device.ep_comm_bwd, device.forward)
+        fwd_p, bwd_p, dev_fwd_p, dev_bwd_p = device.passes(acc, (hide_fwd, hide_bwd), share)
+        fwd_a, bwd_a, dev_fwd_a, dev_bwd_a = device.passes(acc, None, share)
+        pairs = dualpipe_pairs(m, plan.pp, rank)
+        alone = m - pairs
+        busy = (pairs * (fwd_p + bwd_p) + alone * (fwd_a + bwd_a)) / 2
+        bubble = dualpipe_bubble((fwd_p + bwd_p) / 2, bwd_a / 2, device.backward_weight / 2, plan.pp)
+        p2p = 2 * alone * self._p2p_time(plan, e, boundary)  # a paired chunk's sends hide behind its partner
+        dp_total, dp_exposed = self._dp_over_stages(twin, devices, device, dtype, m / 2)
+        heaviest = max(devices, key=lambda d: d.params)
+        fp8_params = heaviest.params * self.fp8_share if dtype == "fp8" else 0
+        optimizer = _optimizer_time_split(self.hw, twin, heaviest.params, heaviest.expert_params, fp8_params)
+        compute = busy + bubble + p2p
+        step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
+        host = pairs * ((fwd_p - dev_fwd_p) + (bwd_p - dev_bwd_p)) + alone * ((fwd_a - dev_fwd_a) + (bwd_a - dev_bwd_a))
+        half = m / 2
+        breakdown = {
+            "compute/forward": half * device.forward,
+            "compute/backward": half * device.backward,
+            "compute/recompute": half * device.recompute * share,
+            "compute/grad_accumulation": half * acc,
+            "comm/tp": half * (device.tp_comm_fwd + device.tp_comm_bwd),
+            "comm/ep": (pairs * (hide_fwd + hide_bwd) + alone * (device.ep_comm_fwd + device.ep_comm_bwd)) / 2,
+            "comm/cp": half * (device.cp_comm_fwd + device.cp_comm_bwd),
+            "overhead/host": host / 2,
+            "comm/pp_p2p": p2p,
+            "pipeline/bubble": bubble,
+            "comm/dp_allreduce": step - compute if plan.consistency != "sync" else dp_exposed,
+            "optimizer": optimizer,
+        }
+        memory = mem.dualpipe_per_device(self.model, self.hw, twin, devices, dtype) if with_memory else {}
+        return step + optimizer, breakdown, memory, device, dtype, staleness
+
+    def _twin_devices(self, stages: list[StageCost], pp: int) -> list[StageCost]:
+        """What DualPipe's rank r holds: stages r and pp-1-r, priced as one StageCost per pair of chunks (memoised
+        with the stages they sum, so that the id()-keyed caches of _dp_time stay unique)."""
+        key = tuple(id(s) for s in stages)
+        if key not in self._twins:
+            self._twins[key] = ([stages[r] + stages[pp - 1 - r] for r in range(pp // 2)], stages)
+        return self._twins[key][0]
 
     def _passes(self, plan: Plan, stage: StageCost, dtype: str, m: Any) -> Passes:
         """A stage's forward and backward pass per micro-batch (StageCost.passes) with what the plan adds: the
@@ -382,7 +466,9 @@ class StepModel:
             depth=float(model_cost(self.model, plan.micro, t.dtype).total_depth),
             plan=plan.to_dict() | {"dtype": t.dtype},
             staleness=t.staleness,
-            per_type_s={k: plan.micro_batches * x for k, x in t.slow.per_type.items()},
+            # a DualPipe rank's StageCost holds two chunks (one through each of its stages) per pair of micro-batches
+            per_type_s={k: plan.micro_batches / (2 if plan.schedule == "dualpipe" else 1) * x
+                        for k, x in t.slow.per_type.items()},
             notes=[] if fits else [memory_note(t.memory, self.hw)],
         )
 
