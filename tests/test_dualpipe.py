@@ -1,0 +1,178 @@
+"""DeepSeek-V3's DualPipe schedule (`--schedule dualpipe`): the report's formulas, invariants against 1F1B, rules."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from dlperf.engine import predict
+from dlperf.engine.pipeline import dualpipe_bubble, dualpipe_pairs
+from dlperf.engine.step import StepModel
+from dlperf.errors import PlanError
+from dlperf.plan import Plan
+from dlperf.search import SearchSpace, enumerate_plans
+from dlperf.spec.hardware import load_hardware
+from dlperf.spec.model import load_model
+
+
+@pytest.fixture(scope="module")
+def mixtral():
+    return load_model("mixtral-8x7b")
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_hardware("dgx-h100")
+
+
+# mixtral-8x7b (32 layers, 8 experts) on 64 H100s: ep 8 spans the node's 8 GPUs at tp 1 -- here tp 2, so across two
+MOE_PLAN = Plan(devices=64, tp=2, pp=4, ep=8, global_batch=64, micro_batch=1, zero=1, sequence_parallel=True)
+
+
+def test_pairs_follow_the_reference_schedule():
+    """deepseek-ai/DualPipe's step(): every rank runs m forward chunks; the edge rank (0) pairs the fewest. pp = 8,
+    m = 20 (the report's Figure 5): steps 4 and 5 give 2 * (10 - 8 + 0 + 1) + 3 = 9 pairs on rank 0, and on the
+    middle rank 3: 2 * (10 - 8 + 3 + 1) - 1 + 0 = 11."""
+    assert dualpipe_pairs(20, 8, 0) == 9
+    assert dualpipe_pairs(20, 8, 3) == 11
+    for pp, m in itertools.product((2, 4, 8, 16), (32, 64, 120)):
+        pairs = [dualpipe_pairs(m, pp, r) for r in range(pp // 2)]
+        assert all(0 < p < m for p in pairs)
+        assert min(pairs) == pairs[0]
+
+
+def test_bubble_never_exceeds_1f1b():
+    """(PP/2-1)(F&B + B - 3W) <= (PP-1)(F+B) whenever the overlapped pair is no slower than its two chunks run
+    apart (F&B <= F + B) and W is part of B (0 <= W <= B); equal to zero at pp = 2."""
+    values = (0.0, 0.3, 1.0, 2.5)
+    for pp, f, b in itertools.product((2, 4, 8, 16, 64), values, values):
+        for w in (0.0, b / 3, b / 2, b):
+            for paired in (0.5 * (f + b), f + b):
+                bubble = dualpipe_bubble(paired, b, w, pp)
+                assert 0 <= bubble <= (pp - 1) * (f + b) + 1e-12
+    assert dualpipe_bubble(3.0, 2.0, 0.1, 2) == 0
+
+
+@pytest.mark.parametrize("ep", [1, 8])
+def test_engine_bubble_and_compute_not_above_1f1b(mixtral, h100, ep):
+    """Same stages, same micro-batches: DualPipe's bubble and its exposed all-to-alls are no larger than 1F1B's,
+    and its busiest rank computes no more (it averages stage r with stage pp-1-r)."""
+    plan = MOE_PLAN.with_(ep=ep)
+    one = predict(mixtral, h100, plan).breakdown_s
+    dual = predict(mixtral, h100, plan.with_(schedule="dualpipe")).breakdown_s
+    assert dual["pipeline/bubble"] <= one["pipeline/bubble"]
+    assert dual["comm/ep"] <= one["comm/ep"]
+    assert dual["comm/pp_p2p"] <= one["comm/pp_p2p"]
+    for part in ("compute/forward", "compute/backward"):
+        assert dual[part] <= one[part] * (1 + 1e-12)
+    if ep == 1:
+        assert dual["comm/ep"] == 0
+
+
+def test_all_to_all_hides_behind_the_paired_chunk(mixtral, h100):
+    """With ep > 1 most of the expert all-to-all is hidden: only the unpaired warm-up/cool-down chunks expose all
+    of theirs, so the exposed share is at least their share of chunks and less than all of it."""
+    plan = MOE_PLAN.with_(schedule="dualpipe")
+    exposed = predict(mixtral, h100, plan).breakdown_s["comm/ep"]
+    unpaired = predict(mixtral, h100, MOE_PLAN).breakdown_s["comm/ep"]  # 1F1B exposes every all-to-all
+    m, pp = plan.micro_batches, plan.pp
+    alone = m - dualpipe_pairs(m, pp, 0)
+    assert alone / m * unpaired * 0.5 <= exposed < unpaired
+
+
+def test_breakdown_sums_to_step(mixtral, h100):
+    r = predict(mixtral, h100, MOE_PLAN.with_(schedule="dualpipe"))
+    assert sum(r.breakdown_s.values()) == pytest.approx(r.step_time_s, rel=1e-9)
+    assert sum(r.per_type_s.values()) == pytest.approx(
+        r.breakdown_s["compute/forward"] + r.breakdown_s["compute/backward"], rel=1e-9)
+
+
+def test_memory_two_copies_and_pp_plus_one(mixtral, h100):
+    """Table 2: 2x parameters per device, PP+1 micro-batches of activations (1F1B: 1x and PP). Mixtral's stages
+    differ only by the embedding (first) and the head (last), so the pair (0, pp-1) holds just under twice the
+    heaviest stage's weights."""
+    plan = MOE_PLAN.with_(zero=0)
+    one = predict(mixtral, h100, plan).memory
+    dual = predict(mixtral, h100, plan.with_(schedule="dualpipe")).memory
+    assert 1.8 < dual["weights"] / one["weights"] <= 2.0
+    assert 1.8 < dual["gradients"] / one["gradients"] <= 2.0
+    # activations: the 1F1B first stage keeps pp micro-batches, a DualPipe rank pp+1 chunks of its two stages
+    assert dual["activations"] > one["activations"]
+    assert dual["activations"] / one["activations"] < (plan.pp + 1) / plan.pp * 1.2
+
+
+def test_more_bandwidth_never_slower(mixtral, h100):
+    plan = MOE_PLAN.with_(schedule="dualpipe")
+    base = predict(mixtral, h100, plan).step_time_s
+    for i in range(len(h100.network)):
+        net = list(h100.network)
+        net[i] = replace(net[i], bandwidth=net[i].bandwidth * 2)
+        assert predict(mixtral, replace(h100, network=tuple(net)), plan).step_time_s <= base * (1 + 1e-12)
+
+
+def test_grid_equals_timeline(mixtral, h100):
+    plan = MOE_PLAN.with_(schedule="dualpipe")
+    model = StepModel(mixtral, h100)
+    batches = [64, 96, 128, 32, 48]  # dp 8: m = 8, 12, 16 valid; 4 and 6 under 2*pp = 8
+    grid = model.grid(plan, batches)
+    for gb, step in zip(batches, grid["step_time_s"], strict=True):
+        m = gb // plan.data_parallel
+        if m % 2 or m < 2 * plan.pp:
+            assert np.isnan(step)
+        else:
+            assert step == pytest.approx(model.timeline(plan.with_(global_batch=gb)).step_time_s, rel=1e-12)
+
+
+def test_existing_schedules_untouched_by_dualpipe_pricing(mixtral, h100):
+    """Pricing a DualPipe plan first must not change a 1F1B or interleaved plan priced after it (shared caches)."""
+    fresh = {s: predict(mixtral, h100, MOE_PLAN.with_(schedule=s, virtual_stages=v)).step_time_s
+             for s, v in (("1f1b", 1), ("interleaved", 2))}
+    model = StepModel(mixtral, h100)
+    model.timeline(MOE_PLAN.with_(schedule="dualpipe"))
+    for (s, v), t in zip((("1f1b", 1), ("interleaved", 2)), fresh.values(), strict=True):
+        assert model.timeline(MOE_PLAN.with_(schedule=s, virtual_stages=v)).step_time_s == t
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"pp": 1, "tp": 8}, "needs an even pp >= 2"),
+    ({"global_batch": 56}, "even number of micro-batches, at least 2\\*pp = 8"),   # m = 7
+    ({"global_batch": 48}, "even number of micro-batches"),                          # m = 6 < 8
+    ({"recompute": "full"}, "does not combine with full recomputation"),
+])
+def test_rules(mixtral, h100, changes, message):
+    with pytest.raises(PlanError, match=message):
+        predict(mixtral, h100, MOE_PLAN.with_(schedule="dualpipe", **changes))
+
+
+def test_odd_pp_refused(mixtral, h100):
+    with pytest.raises(PlanError, match="even pp"):
+        predict(load_model("mixtral-8x7b", {"layers": 30}), h100,
+                Plan(devices=48, tp=2, pp=3, ep=8, global_batch=96, micro_batch=1, schedule="dualpipe"))
+
+
+@pytest.mark.parametrize("args", [
+    ["--pp", "4", "--global-batch", "56"],     # 7 micro-batches per replica
+    ["--pp", "1", "--tp", "8", "--global-batch", "64"],
+])
+def test_cli_bad_input_one_line_exit_2(capsys, args):
+    from dlperf.cli import main
+
+    with pytest.raises(SystemExit) as bad:
+        main(["predict", "mixtral-8x7b", "dgx-h100", "--gpus", "64", "--tp", "2", "--ep", "8", "--micro-batch", "1",
+              "--schedule", "dualpipe", *args])
+    assert bad.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("Error: ") and "dualpipe" in err and "\n" not in err
+
+
+def test_search_tries_dualpipe_only_with_expert_parallelism(mixtral):
+    space = SearchSpace(zero=(1,), recompute=("none", "full"), sequence_parallel=(False,))
+    plans = list(enumerate_plans(Plan(devices=64, global_batch=128), 8, 8, 32, space, experts=8))
+    dual = [p for p in plans if p.schedule == "dualpipe"]
+    assert dual and all(p.ep > 1 and p.pp % 2 == 0 and p.recompute == "none" and not p.ep_overlap for p in dual)
+    assert all(p.micro_batches % 2 == 0 and p.micro_batches >= 2 * p.pp for p in dual)
+    dense = list(enumerate_plans(Plan(devices=64, global_batch=128), 8, 8, 32, space, experts=0))
+    assert not any(p.schedule == "dualpipe" for p in dense)
