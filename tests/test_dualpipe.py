@@ -176,3 +176,24 @@ def test_search_tries_dualpipe_only_with_expert_parallelism(mixtral):
     assert all(p.micro_batches % 2 == 0 and p.micro_batches >= 2 * p.pp for p in dual)
     dense = list(enumerate_plans(Plan(devices=64, global_batch=128), 8, 8, 32, space, experts=0))
     assert not any(p.schedule == "dualpipe" for p in dense)
+
+
+def test_step_is_set_by_the_busiest_rank():
+    """DeepSeek-V3's 61 layers split over pp 4 unevenly (balanced partition): the step's compute is the largest of
+    the ranks' (each rank holds stages r and pp-1-r and pairs a different number of chunks)."""
+    from dlperf.engine.step import _dualpipe_chunks, _dualpipe_time, _overlap_contention
+
+    model, hw = load_model("deepseek-v3", {"layers": 13, "dense_layers": 1}), load_hardware("h800")
+    plan = Plan(devices=256, pp=4, ep=32, global_batch=512, micro_batch=1, zero=1, schedule="dualpipe")
+    engine = StepModel(model, hw)
+    r = engine.predict(plan)
+    stages = engine.stages(plan, "bf16", 2)[0]
+    devices = engine._twin_devices(stages, plan.pp)
+    twin = plan.with_(dp=2 * plan.data_parallel)
+    stolen = _overlap_contention(hw, plan.ep)
+    t_p2p = engine._p2p_time(plan, 2, engine.stages(plan, "bf16", 2)[3])
+    per_rank = [sum(_dualpipe_time(_dualpipe_chunks(hw, twin, d, "bf16", 1.0, stolen), d, plan.micro_batches,
+                                   plan.pp, rank, t_p2p)[:3]) for rank, d in enumerate(devices)]
+    compute = sum(v for k, v in r.breakdown_s.items() if k not in ("comm/dp_allreduce", "optimizer"))
+    assert len(set(per_rank)) > 1
+    assert compute == pytest.approx(max(per_rank), rel=1e-9)

@@ -326,24 +326,15 @@ class StepModel:
         share = recompute_share(plan, m)
         stolen = _overlap_contention(self.hw, plan.tp * plan.cp * plan.ep)
 
-        def accumulate(device: StageCost) -> Any:
-            return _grad_accumulation(self.hw, twin, device.params, dtype)
-
-        rank = max(range(len(devices)), key=lambda r: (devices[r].pass_time(accumulate(devices[r])), -r))
-        device = devices[rank]
-        acc = accumulate(device)
-        # per two chunks (one through each of the rank's stages): paired and alone
-        hide_fwd = mathx.maximum(device.ep_comm_fwd - device.backward, 0.0) + stolen * mathx.minimum(
-            device.ep_comm_fwd, device.backward)
-        hide_bwd = mathx.maximum(device.ep_comm_bwd - device.forward, 0.0) + stolen * mathx.minimum(
-            device.ep_comm_bwd, device.forward)
-        fwd_p, bwd_p, dev_fwd_p, dev_bwd_p = device.passes(acc, (hide_fwd, hide_bwd), share)
-        fwd_a, bwd_a, dev_fwd_a, dev_bwd_a = device.passes(acc, None, share)
-        pairs = dualpipe_pairs(m, plan.pp, rank)
-        alone = m - pairs
-        busy = (pairs * (fwd_p + bwd_p) + alone * (fwd_a + bwd_a)) / 2
-        bubble = dualpipe_bubble((fwd_p + bwd_p) / 2, bwd_a / 2, device.backward_weight / 2, plan.pp)
-        p2p = 2 * alone * self._p2p_time(plan, e, boundary)  # a paired chunk's sends hide behind its partner
+        t_p2p = self._p2p_time(plan, e, boundary)
+        chunks = [_dualpipe_chunks(self.hw, twin, d, dtype, share, stolen) for d in devices]
+        # the busiest rank at the plan's own micro-batch count (a grid of counts keeps that rank)
+        rank = max(range(len(devices)), key=lambda r: (float(sum(_dualpipe_time(
+            chunks[r], devices[r], plan.micro_batches, plan.pp, r, t_p2p)[:3])), -r))
+        device, c = devices[rank], chunks[rank]
+        busy, bubble, p2p, pairs, alone = _dualpipe_time(c, device, m, plan.pp, rank, t_p2p)
+        acc, (hide_fwd, hide_bwd) = c.accumulate, c.hidden
+        (fwd_p, bwd_p, dev_fwd_p, dev_bwd_p), (fwd_a, bwd_a, dev_fwd_a, dev_bwd_a) = c.paired, c.alone
         dp_total, dp_exposed = self._dp_over_stages(twin, devices, device, dtype, m / 2)
         heaviest = max(devices, key=lambda d: d.params)
         fp8_params = heaviest.params * self.fp8_share if dtype == "fp8" else 0
@@ -471,6 +462,41 @@ class StepModel:
                         for k, x in t.slow.per_type.items()},
             notes=[] if fits else [memory_note(t.memory, self.hw)],
         )
+
+
+class DualPipeChunks(NamedTuple):
+    """A DualPipe rank's two chunks (one micro-batch through each of its stages), in seconds."""
+
+    paired: tuple[Any, Any, Any, Any]   # StageCost.passes with each all-to-all hidden behind the partner chunk
+    alone: tuple[Any, Any, Any, Any]    # ... with every all-to-all exposed (warm-up and cool-down)
+    hidden: tuple[Any, Any]             # the all-to-all left of a paired forward / backward chunk
+    accumulate: Any
+
+
+def _dualpipe_chunks(hw: Hardware, twin: Plan, device: StageCost, dtype: str, share: Any,
+                     stolen: float) -> DualPipeChunks:
+    """A forward chunk's all-to-alls run beside the partner's backward compute and the other way round: what
+    outlasts it is exposed, and the part it hides slows that compute by the SMs the all-to-all holds."""
+    acc = _grad_accumulation(hw, twin, device.params, dtype)
+    hide_fwd = mathx.maximum(device.ep_comm_fwd - device.backward, 0.0) + stolen * mathx.minimum(
+        device.ep_comm_fwd, device.backward)
+    hide_bwd = mathx.maximum(device.ep_comm_bwd - device.forward, 0.0) + stolen * mathx.minimum(
+        device.ep_comm_bwd, device.forward)
+    return DualPipeChunks(device.passes(acc, (hide_fwd, hide_bwd), share), device.passes(acc, None, share),
+                          (hide_fwd, hide_bwd), acc)
+
+
+def _dualpipe_time(c: DualPipeChunks, device: StageCost, m: Any, pp: int, rank: int,
+                   t_p2p: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """(busy, bubble, exposed pp sends, paired chunks, lone chunks) of rank `rank` over m micro-batches: its
+    paired chunks at the overlapped pace, the rest alone, and the report's bubble with F&B the paired pace, B a
+    lone backward chunk and W its weight-gradient part (each StageCost holds two chunks, hence the halves)."""
+    pairs = dualpipe_pairs(m, pp, rank)
+    alone = m - pairs
+    paired_pace, alone_pace = c.paired[0] + c.paired[1], c.alone[0] + c.alone[1]
+    busy = (pairs * paired_pace + alone * alone_pace) / 2
+    bubble = dualpipe_bubble(paired_pace / 2, c.alone[1] / 2, device.backward_weight / 2, pp)
+    return busy, bubble, 2 * alone * t_p2p, pairs, alone  # a paired chunk's sends hide behind its partner
 
 
 def memory_note(memory: dict[str, Any], hw: Hardware) -> str:
