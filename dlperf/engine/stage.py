@@ -129,11 +129,12 @@ def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
 
 def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp: int, sp: bool,
                recompute: str, comm_time: Any, fp8: frozenset = frozenset(), tp_overlap: bool = False,
-               par: Parallel | None = None) -> StageCost:
+               par: Parallel | None = None, memo: dict | None = None) -> StageCost:
     """Sum the layers' kernels at micro-batch `batch`; `comm_time(op, nbytes)` prices tp collectives. Under
     dtype fp8, the layers in `fp8` run their weight GEMMs in FP8 (dlperf.ops.fp8); with `tp_overlap` each
     layer's tp collectives hide behind its GEMMs (dlperf.engine.overlap); `par` adds expert and context
-    parallelism (None: neither)."""
+    parallelism (None: neither); `memo` keeps kernel times across calls on the same hardware (search prices the
+    same kernels for thousands of plans)."""
     out = StageCost()
     par = par or Parallel()
     for use in uses:
@@ -145,8 +146,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
                                   par.ep):
             split = divisor if (kernel.split or sp) else 1
             kernel = _cp_kernel(kernel, _cp_split(use, kernel, par))
-            fwd, bwd = kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split,
-                                    use.tp_dim)
+            fwd, bwd = _kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split, use.tp_dim, memo)
             host_fwd, host_bwd = dispatch_times(kernel, hw.device)
             load = expert_load(use.layer, par) if kernel.expert else 1
             if load != 1:
@@ -188,6 +188,18 @@ def _weight_share(kernel: Kernel) -> Any:
     if mathx.is_zero(weight):
         return 0.0
     return weight / kernel.bwd_flops
+
+
+def _kernel_times(kernel: Kernel, device: Device, dtype: str, split: Any, tp_dim: str | None,
+                  memo: dict | None) -> tuple[Any, Any]:
+    """kernel_times, looked up in `memo` (one dict per hardware) when given."""
+    if memo is None:
+        return kernel_times(kernel, device, dtype, split, tp_dim)
+    key = (kernel, dtype, split, tp_dim)
+    times = memo.get(key)
+    if times is None:
+        times = memo[key] = kernel_times(kernel, device, dtype, split, tp_dim)
+    return times
 
 
 def _add_tp_comm(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute: str, comm_time: Any,

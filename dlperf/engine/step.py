@@ -123,6 +123,7 @@ class StepModel:
         self._tp_fns: dict[int, Any] = {}
         self._work: dict[tuple, list[tuple[float, float, float]]] = {}
         self._twins: dict[tuple, tuple[list[StageCost], list[StageCost]]] = {}
+        self._kernel_times: dict[tuple, tuple[Any, Any]] = {}  # stage_cost's memo: self.hw never changes
 
     def stages(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
         """(every stage's cost, the slowest stage, the most parameters on one device, the largest activation
@@ -203,7 +204,8 @@ class StepModel:
                 self._uses[uses_key] = tp_uses(nodes, plan.sequence_parallel)
             self._cost[key] = stage_cost(self._uses[uses_key], plan.micro, e, self.hw, dtype, plan.tp,
                                          plan.sequence_parallel, plan.recompute, self._tp_comm(plan.tp),
-                                         self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan))
+                                         self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan),
+                                         self._kernel_times)
         return self._cost[key]
 
     def _hybrid_fc(self, plan: Plan, dtype: str, e: int) -> StageCost:
