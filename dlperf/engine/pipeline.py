@@ -10,21 +10,26 @@ import bisect
 from typing import Any
 
 from dlperf import mathx
+from dlperf.ops.base import Layer
 from dlperf.spec.model import Model, Seq
 
 
 def units(model: Model) -> list[Any]:
     """Pieces that a stage boundary may fall between: layers and branch groups (a residual block stays whole),
     with sequences opened up at any depth and a repeated block yielding one unit per copy, so that a ResNet
-    stage of 23 bottlenecks can be cut between any two of them (as torchgpipe's balance does)."""
-    return _open(model.root.items)
+    stage of 23 bottlenecks can be cut between any two of them (as torchgpipe's balance does). A layer opened
+    out of a sequence comes as a one-layer sequence: it stays inside its block, which full recomputation reruns
+    (layers.tp_uses), whatever the pipeline split."""
+    return _open(model.root.items, top=True)
 
 
-def _open(items: tuple[Any, ...] | list[Any]) -> list[Any]:
+def _open(items: tuple[Any, ...] | list[Any], top: bool = False) -> list[Any]:
     out: list[Any] = []
     for item in items:
         if isinstance(item, Seq):
             out += _open(item.items) * item.repeat
+        elif isinstance(item, Layer) and not top:
+            out.append(Seq((item,), 1, item.name))
         else:
             out.append(item)
     return out
