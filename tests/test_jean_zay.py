@@ -91,3 +91,20 @@ def test_a_node_crossing_stage_boundary_shares_the_nodes_links() -> None:
     shared = _p2p(row, jz)
     assert shared == pytest.approx(_p2p(row, with_opa(links_per_domain=8, bandwidth=opa.bandwidth / 2)), rel=1e-12)
     assert shared > _p2p(row, with_opa(links_per_domain=None))
+
+
+def test_stages_smaller_than_a_node_pay_the_boundary_that_leaves_it() -> None:
+    """tp 4 x pp 12: two stages per 8-GPU node, so every other boundary crosses Omni-Path with the stage's four
+    devices sending at once; it sets the pipeline's pace (it was priced on NVSwitch, 40x faster than tp 8's)."""
+    from dlperf.comm import engine as comm
+    from dlperf.engine.step import _p2p_time
+    from dlperf.plan import Plan
+
+    hw = load_hardware("jean-zay-a100")
+    boundary = 2048 * 14336
+    small, whole = (_p2p_time(boundary, hw, Plan(devices=12 * tp, tp=tp, pp=12, global_batch=12, micro_batch=1), 2,
+                              comm) for tp in (4, 8))
+    assert small > 0.5 * whole
+    omni_path = dataclasses.replace(hw.network[1], bandwidth=2 * hw.network[1].bandwidth)
+    faster = dataclasses.replace(hw, network=(hw.network[0], omni_path))
+    assert _p2p_time(boundary, faster, Plan(devices=48, tp=4, pp=12, global_batch=12, micro_batch=1), 2, comm) < small

@@ -598,13 +598,18 @@ def _p2p_time(boundary: Any, hw: Hardware, plan: Plan, e: int, comm: Any) -> flo
     optimisation sends 1/tp of it across the boundary and allgathers it inside the node (Narayanan 2021, 4.1).
     A stage spans tp x dp x cp consecutive devices, so when its boundary leaves the node every device of the node
     sends at once (all tp ranks and dp replicas of the stage run the same schedule): they share the node's
-    links of that level (`links_per_domain`), as the context-parallel sends do."""
+    links of that level (`links_per_domain`), as the context-parallel sends do. Stages smaller than a node
+    leave it at every node's last stage: that boundary, its stage's devices sending at once, sets the pace."""
     if plan.pp == 1:
         return 0.0
     nbytes = e * plan.micro * boundary / plan.cp if plan.cp > 1 else e * plan.micro * boundary
     stride = plan.tp * plan.data_parallel * plan.cp
-    level = _level_for_stride(hw, stride)
-    crossing = (hw.network[0].size or 1) if level > 0 else 1
+    node = hw.network[0].size or 1
+    if stride < node < stride * plan.pp:
+        level, crossing = _level_for_stride(hw, node), stride
+    else:
+        level = _level_for_stride(hw, stride)
+        crossing = node if level > 0 else 1
     t = comm.p2p_time(nbytes / plan.tp, hw, level, crossing)
     if plan.tp > 1:
         t += comm.collective_time("allgather", nbytes, comm.Group(plan.tp, 1), hw)
