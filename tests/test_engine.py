@@ -131,6 +131,18 @@ def test_what_full_recompute_reruns_does_not_depend_on_the_pipeline_split(a100, 
     assert max(shares) - min(shares) < 1e-9
 
 
+def test_layers_full_recompute_does_not_rerun_keep_their_activations_per_micro_batch_in_flight(a100):
+    """GPT-2 XL on 4 GPipe stages of 16 micro-batches: the last stage's final LayerNorm, output layer and loss are
+    not rerun, so their activations (over 200 MiB a micro-batch) are held 16 times."""
+    from dlperf.engine.step import StepModel
+
+    model = load_model("gpt2-xl")
+    plan = Plan(devices=4, pp=4, global_batch=16, micro_batch=1, recompute="full", schedule="gpipe")
+    last = StepModel(model, a100).stages(plan, "fp16", 2)[0][-1]
+    assert last.saved_outside > 200 * 2**20
+    assert predict(model, a100, plan).memory["activations"] > 16 * last.saved_outside
+
+
 def test_more_dp_never_raises_per_device_compute(gpt, a100):
     two = predict(gpt, a100, Plan(devices=2, global_batch=64))
     eight = predict(gpt, a100, Plan(devices=8, global_batch=64))

@@ -63,7 +63,11 @@ def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], 
         # parallelism (tensor parallelism alone replicates them)
         shard = (plan.tp if plan.sequence_parallel else 1) * plan.cp
         acts = _block_inputs(model, plan, dtype) * plan.micro / shard * micro_batches_in_flight
-        acts += max(s.saved_bytes for s in stages) / max(_blocks_in_stage(model, plan), 1)
+        acts += max(s.saved_bytes - s.saved_outside for s in stages) / max(_blocks_in_stage(model, plan), 1)
+        # the layers around the blocks (embeddings, output layer, loss) are not rerun: they keep their
+        # activations for every micro-batch their stage holds
+        acts += mathx.maximum(*(s.saved_outside * _stage_in_flight(plan, i, micro_batches_in_flight)
+                                for i, s in enumerate(stages)))
     else:
         acts = mathx.maximum(*(s.saved_bytes * _stage_in_flight(plan, i, micro_batches_in_flight)
                                for i, s in enumerate(stages)))

@@ -39,6 +39,7 @@ class StageCost:
     tp_comm_bwd: Any = 0.0
     params: Any = 0
     saved_bytes: Any = 0.0          # activations kept for backward, per micro-batch
+    saved_outside: Any = 0.0        # ... of those, the layers full recomputation does not rerun (_full_rerun)
     per_type: dict[str, Any] = field(default_factory=dict)
     synced_params: Any = None       # parameters data parallelism allreduces (None: all of `params`)
     host_fwd: Any = 0.0             # host seconds to issue the forward kernels of one micro-batch
@@ -58,7 +59,7 @@ class StageCost:
     def __add__(self, other: StageCost) -> StageCost:
         """Two parts of one device's work run one after the other (e.g. the convolutional body and the head)."""
         names = ("forward", "backward", "recompute", "tp_comm_fwd", "tp_comm_bwd", "params",
-                 "saved_bytes", "host_fwd", "host_bwd", "host_recompute", "ep_comm_fwd", "ep_comm_bwd",
+                 "saved_bytes", "saved_outside", "host_fwd", "host_bwd", "host_recompute", "ep_comm_fwd", "ep_comm_bwd",
                  "cp_comm_fwd", "cp_comm_bwd", "expert_params", "backward_weight")
         out = StageCost(**{n: getattr(self, n) + getattr(other, n) for n in names})
         for part in (self, other):
@@ -176,7 +177,10 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         saved = saved * batch / (tp if (use.sharded or sp) else 1)
         if recompute == "selective":
             saved = saved - quadratic_attention_bytes(use.layer, e) * batch / tp
-        out.saved_bytes = out.saved_bytes + use.count * (saved / par.cp if par.cp > 1 else saved)
+        saved = use.count * (saved / par.cp if par.cp > 1 else saved)
+        out.saved_bytes = out.saved_bytes + saved
+        if recompute in FULL and not _full_rerun(recompute, use):
+            out.saved_outside = out.saved_outside + saved
     return out
 
 
