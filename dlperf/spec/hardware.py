@@ -81,9 +81,10 @@ DEFAULT_LAUNCH_LATENCY = 5e-6
 #   PyTorch agree: 6.8 us forward for a Python-level op recorded by autograd (pytorch/pytorch#41383), 4 us per
 #   backward op from C++ (#82793).
 # - LAUNCH_CALL: that measurement ran on the CPU device, so it has no CUDA launch call; on a GPU host each launch
-#   adds the driver's: 3.0 us for a raw cuLaunchKernel of a kernel without arguments, 3.3 us with 19 (GB200's
-#   Grace CPU, meta-pytorch/tritonbench#1017, "nop_triton_direct_culaunch"); 4.90 us from statically compiled C in
-#   2017 (JuliaGPU/CUDAdrv.jl#15). The smaller, recent figure is used: the sum stays a lower bound.
+#   adds the driver's: 3.0 us for a cuLaunchKernel of a kernel without arguments, 3.3 us with 19 (GB200's Grace
+#   CPU, meta-pytorch/tritonbench#1017's table, benchmark "nop_triton_direct_culaunch" from #1003, which calls the
+#   driver through Python ctypes: a little more than PyTorch's C++ call pays); 4.90 us from statically compiled C
+#   in 2017 (JuliaGPU/CUDAdrv.jl#15). The smaller, recent figure is used: the sum stays a lower bound.
 # Still a lower bound on a GPU host: DGX A100's EPYC 7742 (Zen 2) is slower per thread than Zen 4, and the counted
 # launches are fewer than the kernels an eager layer really launches. `dlperf calibrate --device cuda` measures
 # the whole (framework and launch call together) on the user's machine.
