@@ -33,6 +33,9 @@ XLA_PATH = "xla/service/gpu/model/default_matmul_perf_table.txtpb"
 XLA_DTYPES = {"bf16": "bf16xbf16->bf16", "tf32": "f32xf32->f32", "fp8": "f8e4m3fnxf8e4m3fn->bf16"}
 DEEPBENCH_COMMIT = "30c51150869ee217f150ef5f31dc69241ed23b49"  # 2019-10-07 V100 refresh (CUDA 10.1)
 DEEPBENCH_PATH = "results/train/DeepBench_NV_V100.xlsx"
+# Pascal GP102 with all 30 SMs / 3840 CUDA cores enabled, like the Tesla P40 (hardware/p40-pcie.yaml)
+DEEPBENCH_XP_COMMIT = "f48528cfdcbfd5793d911a1f44b593bcad095bb7"  # 2018-05-21, CUDA 8.0.88, cuDNN 6.0.21
+DEEPBENCH_XP_PATH = "results/train/DeepBench_NV_TitanXp.xlsx"
 AZURE_COMMIT = "8fd0c6e1bd0f853ef8f0500a3640a7d80a2a92ef"
 MLENG_COMMIT = "744d01e18b79512572f64a6bbd8b5f4a725203a7"
 NEUSIGHT_COMMIT = "6945927d9afcca2b9daf021f8395e53edc5b4eef"
@@ -179,6 +182,34 @@ def extract_deepbench(repo: Path) -> None:
                    for r in conv])
 
 
+def extract_deepbench_titanxp(repo: Path) -> None:
+    """The Titan Xp FP32 sheet ('FP32'): same column layout as the V100 sheet; convolutions only (the GEMMs
+    are not used by any hardware file yet)."""
+    import openpyxl  # only needed here
+
+    wb = openpyxl.load_workbook(io.BytesIO(git_show(repo, DEEPBENCH_XP_COMMIT, DEEPBENCH_XP_PATH)), data_only=True)
+    specs = {r[0]: r[1] for r in wb["Specs"].iter_rows(values_only=True) if r[0]}
+    conv = [r for r in deepbench_sections(wb["FP32"])["Convolution"] if isinstance(r[2], int)]
+    for r in conv:
+        c, n, k, s_, r_ = r[4:9]
+        for t, tf in zip(r[13:16], r[20:23], strict=True):
+            _check_tflops(2 * n * k * r[17] * r[18] * c * r_ * s_, t, tf, f"TitanXp conv {r[2:13]}")
+    write_csv("deepbench-titanxp-fp32-conv.csv",
+              ["DeepBench Titan Xp convolutions, sheet 'FP32' (cuDNN, algorithm as the sheet's 'Forward Algorithm')",
+               f"source: baidu-research/DeepBench {DEEPBENCH_XP_PATH} @ {DEEPBENCH_XP_COMMIT} (2018-05-21)",
+               f"GPU: {specs.get('GPU Model')} (GP102, 30 SMs, 3840 CUDA cores); CUDA {specs.get('CUDA Version')}, "
+               f"cuDNN {specs.get('Cudnn Version')}, driver {specs.get('Nvidia Driver')}",
+               "columns as the sheet: W, H, C, N, K, S (filter width), R (filter height), pad_w, pad_h, "
+               "stride_w, stride_h, output P, Q, Forward / wrt Inputs / wrt Parameters (msec); the sheet leaves "
+               "the application column empty",
+               "FLOPs per pass = 2*N*K*P*Q*C*R*S (checked: / time equals the sheet's three TERAFLOPS columns "
+               "to 1e-9)"],
+              ["application", "w", "h", "c", "n", "k", "s", "r", "pad_w", "pad_h", "stride_w", "stride_h",
+               "p", "q", "fwd_ms", "bwd_data_ms", "bwd_filter_ms", "algorithm"],
+              [[r[1] or "", *r[2:13], r[17], r[18], r[13], r[14], r[15], r[23] if len(r) > 23 else ""]
+               for r in conv])
+
+
 # --- Azure AI-benchmarking-guide ------------------------------------------------------------------------
 
 AZURE = {
@@ -283,6 +314,7 @@ def main() -> None:
         extract_xla(a.xla)
     if a.deepbench:
         extract_deepbench(a.deepbench)
+        extract_deepbench_titanxp(a.deepbench)
     if a.azure:
         extract_azure(a.azure)
     if a.mlengineering:

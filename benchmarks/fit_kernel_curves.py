@@ -42,7 +42,8 @@ DATA = Path(__file__).resolve().parents[1] / "dlperf" / "data" / "kernels"
 
 # SM counts: V100 80 (Volta whitepaper), A100 108 (Ampere whitepaper / DU-09799-001), H100 SXM and H200 132
 # (Hopper whitepaper; ml-engineering training/performance/README.md "132 on H100/H200").
-SMS = {"V100": 80, "A100": 108, "H100": 132, "H200": 132}
+# Titan Xp 30 (GP102 fully enabled: 3840 CUDA cores / 128 per Pascal SM, like the Tesla P40).
+SMS = {"V100": 80, "A100": 108, "H100": 132, "H200": 132, "TitanXp": 30}
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Curve:
     kind: str         # "matmul" or "conv"
     files: tuple[str, ...]
     bandwidth: float | None = None  # DRAM bytes/s of the measured part when it is not the hardware file's
+    peak: float | None = None  # datasheet FLOP/s of the measured part when it is not the hardware file's
 
     @property
     def name(self) -> str:
@@ -78,6 +80,12 @@ CURVES = (
     Curve("H100", "dgx-h100", "fp32", "matmul", ("neusight-h100-fp32.csv",)),
     Curve("H100", "dgx-h100", "fp8", "matmul", ("azure-h100-fp8.csv",)),
     Curve("H200", "hgx-h200", "fp8", "matmul", ("azure-h200-fp8.csv",)),
+    # Titan Xp stands in for the Tesla P40: both GP102 with 30 SMs / 3840 CUDA cores (NVIDIA TITAN Xp product
+    # page: 3840 cores, 1582 MHz boost, 11.4 Gbps GDDR5X on 384 bits = 547.7 GB/s; P40 datasheet: 3840 cores,
+    # 346 GB/s). r_inf is taken as a fraction of the Titan Xp's own 3840 x 2 x 1582 MHz = 12.15 TFLOP/s, so on
+    # the P40 it scales with the P40's boost clock (1531 MHz, 11.76 TFLOP/s, datasheet "12 TeraFLOPS").
+    Curve("TitanXp", "p40-pcie", "fp32", "conv", ("deepbench-titanxp-fp32-conv.csv",), bandwidth=547.7e9,
+          peak=3840 * 2 * 1582e6),
 )
 
 
@@ -138,7 +146,8 @@ def conv_points(rows: list[dict[str, str]]) -> list[Point]:
     out = []
     for r in rows:
         n, c, k, s, rr = (int(r[x]) for x in ("n", "c", "k", "s", "r"))
-        npq, nhw = n * int(r["p"]) * int(r["q"]), n * int(r["w"]) * int(r["h"])
+        # the Titan Xp sheet prints some output sizes as halves (78.5): DeepBench's own FLOP count uses them
+        npq, nhw = round(n * float(r["p"]) * float(r["q"])), n * int(r["w"]) * int(r["h"])
         x, w, y = nhw * c, k * c * rr * s, npq * k  # input, filter and output elements
         passes = (("fwd_ms", npq, k, c * rr * s, npq, (x + w, y)),
                   ("bwd_data_ms", npq, c, k * rr * s, nhw, (y + w, x)),
@@ -267,7 +276,7 @@ def fit_curve(curve: Curve) -> Result:
     qflops = np.array([quantized_flops(p, SMS[curve.device]) for p in points])
     eflops = flops * np.array([wave_quantization(p.batch, p.m_out or p.m, p.n, p.k, SMS[curve.device],
                                                  ENGINE_TILE, ENGINE_TILE_OVERHEAD_K) for p in points])
-    peak = device.peak_flops[curve.dtype]
+    peak = curve.peak or device.peak_flops[curve.dtype]
     return Result(curve, peak, *(fit_roofline(w, mem_s, times, peak) for w in (flops, qflops, eflops)))
 
 
@@ -290,11 +299,20 @@ def table(results: list[Result]) -> str:
 SOURCES = {
     "deepbench": "baidu-research/DeepBench results/train/DeepBench_NV_V100.xlsx @30c51150 (V100 DGX-1, "
                  "CUDA 10.1, cuDNN 7.6.2)",
+    "deepbench-titanxp": "baidu-research/DeepBench results/train/DeepBench_NV_TitanXp.xlsx @f48528cf (Titan Xp, "
+                         "CUDA 8.0, cuDNN 6.0)",
     "azure": "Azure/AI-benchmarking-guide Azure_Results/ @8fd0c6e1 (cuBLASLt)",
     "neusight": "sitar-lab/NeuSight scripts/asplos/data/dataset/test/{linear,bmm}.csv @6945927d (torch 2.1, "
                 "CUDA 12.1, TF32 off)",
     "xla": "openxla/xla xla/service/gpu/model/default_matmul_perf_table.txtpb @ad6eaee1 (H100, CUPTI kernel times)",
 }
+
+
+def source_of(file: str) -> str:
+    """The SOURCES entry of a CSV: the longest key its name starts with."""
+    return SOURCES[max((k for k in SOURCES if file.startswith(k)), key=len)]
+
+
 # Which fitted curve each hardware file gets: (kind, dtype or None for the default) -> curve name, note.
 ASSIGN = {
     "dgx1-v100 / dgx2-v100 (V100-SXM2)": {
@@ -323,6 +341,11 @@ ASSIGN = {
         ("matmul", "fp32"): ("H100 fp32 matmul (neusight)", "; the H100 curve (same SMs and clocks); t0 includes "
                              "eager PyTorch dispatch and launch"),
     },
+    "p40-pcie (Tesla P40, GP102)": {
+        ("conv", None): ("TitanXp fp32 conv (deepbench)", "; Titan Xp: GP102 with the P40's 30 SMs, r_inf as a "
+                         "fraction of its own 12.15 TFLOP/s; batch 4-32 layers, per direct FLOP of cuDNN's chosen "
+                         "algorithm (implicit GEMM, Winograd, FFT)"),
+    },
 }
 
 
@@ -330,7 +353,7 @@ def _entry(r: Result, note: str, quantized: bool) -> tuple[str, str, str]:
     """(peak, startup, source) of one curve. The class's default matmul curve is the fit under the engine's own
     quantization, because the hardware file's `tile` makes the engine apply it on top (a plain fit would charge
     the quantization loss twice); per-dtype and conv curves have no tile, so they take the plain fit."""
-    p, where = (r.engine if quantized else r.plain), SOURCES[r.curve.files[0].split("-")[0]]
+    p, where = (r.engine if quantized else r.plain), source_of(r.curve.files[0])
     how = "Hockney+roofline fit under the engine's 256x128/split-K quantization" if quantized else \
         "Hockney+roofline fit"
     src = (f"{r.curve.name}: {how} of {p.points} kernel timings, {where}"

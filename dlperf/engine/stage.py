@@ -106,6 +106,8 @@ def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
     layer = use.layer
     if layer["algorithm"] != "auto":
         return algorithm_kernel(layer, layer["algorithm"], batch, e), layer["algorithm"]
+    if hw.device.eff("conv", dtype).algorithm_choice:  # the measured curve already holds cuDNN's choice
+        return algorithm_kernel(layer, "direct", batch, e), "direct"
     best, best_time, name = None, None, "direct"
     for algorithm in applicable(layer, dtype):
         kernel = algorithm_kernel(layer, algorithm, batch, e)

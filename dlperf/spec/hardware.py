@@ -122,6 +122,10 @@ class Efficiency:
     # plus writing its output; dlperf's estimate, scored against the kernel tables by fit_kernel_curves.py.
     tile: tuple[int, int] | None = None
     tile_overhead_k: int = 128
+    # conv curves only: fitted per direct-convolution FLOP (2*N*K*P*Q*C*R*S) to timings of whatever algorithm the
+    # library chose (DeepBench's cuDNN tables: implicit GEMM, Winograd, FFT), so the curve already holds cuDNN's
+    # choice; `auto` then prices the direct form on it instead of re-deriving Winograd/FFT savings on top.
+    algorithm_choice: bool = False
 
     def at(self, size: Any) -> Any:
         if self.half == 0:
@@ -238,7 +242,7 @@ _DEVICE_KEYS = (
 _DISPATCH_KEYS = ("forward", "backward", "source")
 _LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "link",
                "nvls_bandwidth", "source")
-_EFF_KEYS = ("peak", "half", "startup", "source", "tile", "tile_overhead_k", "dtypes")
+_EFF_KEYS = ("peak", "half", "startup", "source", "tile", "tile_overhead_k", "algorithm_choice", "dtypes")
 
 
 def _quantity(node: dict, key: str, kind: str, file: str, where: str) -> float:
@@ -316,7 +320,19 @@ def _curve(curve: Any, cls: str, file: str, here: str) -> Efficiency:
             startup = DEFAULT_EFFICIENCY["memory"][2]
     tile = _tile(curve, file, here) if "tile" in curve else None
     overhead = _positive_int(curve, "tile_overhead_k", file, here) if "tile_overhead_k" in curve else 128
-    return Efficiency(peak, half, str(curve.get("source", "")), startup, tile, overhead)
+    choice = _algorithm_choice(curve, cls, file, here) if "algorithm_choice" in curve else False
+    return Efficiency(peak, half, str(curve.get("source", "")), startup, tile, overhead, choice)
+
+
+def _algorithm_choice(curve: dict, cls: str, file: str, here: str) -> bool:
+    value, where = curve["algorithm_choice"], field_name(here, "algorithm_choice")
+    if cls != "conv":
+        raise SpecError(expected="algorithm_choice only on a conv curve", found=f"on {cls}", file=file,
+                        line=line_of(curve, "algorithm_choice"), field=where)
+    if not isinstance(value, bool):
+        raise SpecError(expected="true or false", found=value, file=file, line=line_of(curve, "algorithm_choice"),
+                        field=where)
+    return value
 
 
 def _startup(curve: dict, file: str, here: str) -> float:
