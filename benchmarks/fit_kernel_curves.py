@@ -357,7 +357,7 @@ def _entry(r: Result, note: str, quantized: bool) -> tuple[str, str, str]:
     how = "Hockney+roofline fit under the engine's 256x128/split-K quantization" if quantized else \
         "Hockney+roofline fit"
     src = (f"{r.curve.name}: {how} of {p.points} kernel timings, {where}"
-           f"; r_inf {p.rate / 1e12:.1f} of {r.peak_flops / 1e12:g} TFLOP/s; median |rel err| {p.median_rel:.3f}, "
+           f"; r_inf {p.rate / 1e12:.1f} of {r.peak_flops / 1e12:.4g} TFLOP/s; median |rel err| {p.median_rel:.3f}, "
            f"max {p.max_rel:.3f}{note} (benchmarks/fit_kernel_curves.py)")
     return f"{r.efficiency(p):.3f}", f"{p.t0 * 1e6:.1f} us", src
 

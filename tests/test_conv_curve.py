@@ -1,0 +1,89 @@
+"""The measured cuDNN convolution curve of p40-pcie (DeepBench's Titan Xp FP32 table, FITTED.md) and the
+`algorithm_choice` flag that makes `auto` price the direct form on it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dlperf.builtins import data_dir
+from dlperf.engine.device import kernel_times
+from dlperf.engine.layers import Use
+from dlperf.engine.stage import conv_choice
+from dlperf.engine.step import StepModel
+from dlperf.errors import SpecError
+from dlperf.ops import OPS
+from dlperf.ops.base import Layer
+from dlperf.plan import Plan
+from dlperf.spec.hardware import hardware_from_dict, load_hardware
+from dlperf.spec.model import load_model
+from dlperf.spec.yamlio import load_yaml_file
+
+
+def _conv(channels: int, size: int, out: int, kernel: int, stride: int = 1) -> Layer:
+    rule = OPS["conv2d"]
+    attrs = {**rule.attrs, "out": out, "kernel": kernel, "stride": stride, "padding": kernel // 2, "bias": False}
+    shape = (channels, size, size)
+    return Layer("conv2d", tuple(sorted(attrs.items())), shape, rule.shape(shape, attrs), "conv2d",
+                 rule.params(shape, attrs))
+
+
+def _conv_time(hw, layer: Layer, batch: int) -> float:
+    kernel = conv_choice(Use(layer, 1, False), batch, 4, hw, "fp32", 1)[0]
+    return sum(kernel_times(kernel, hw.device, "fp32"))
+
+
+def test_p40_conv_curve_is_the_titanxp_fit() -> None:
+    eff = load_hardware("p40-pcie").device.eff("conv", "fp32")
+    assert eff.peak == 0.678 and eff.startup == pytest.approx(30e-6) and eff.algorithm_choice
+    assert "DeepBench_NV_TitanXp.xlsx" in eff.source
+
+
+def test_auto_prices_the_direct_form_on_a_curve_that_holds_cudnns_choice() -> None:
+    """A 3x3 stride-1 fp32 convolution would take Winograd under the matmul curve; on p40-pcie it is direct."""
+    layer = _conv(256, 14, 256, 3)
+    assert conv_choice(Use(layer, 1, False), 32, 4, load_hardware("p40-pcie"), "fp32", 1)[1] == "direct"
+    # a device whose conv curve does not say so keeps cuDNN-style auto (dgx1-v100's predictions are unchanged)
+    assert conv_choice(Use(layer, 1, False), 32, 4, load_hardware("dgx1-v100"), "fp32", 1)[1] == "winograd"
+
+
+@pytest.mark.parametrize("kernel,stride", [(1, 1), (3, 1), (1, 2), (7, 2)])
+def test_larger_convolutions_never_take_less_time(kernel: int, stride: int) -> None:
+    hw = load_hardware("p40-pcie")
+    times = [_conv_time(hw, _conv(c, s, k, kernel, stride), b)
+             for b in (1, 8, 118) for s in (7, 28, 56) for c, k in ((64, 64), (256, 256))]
+    for batch_step in range(0, len(times) - 6, 6):  # same layer, next batch size
+        for i in range(6):
+            assert times[batch_step + 6 + i] >= times[batch_step + i]
+    for b in range(3):  # same batch: a larger image, then more channels
+        t = times[6 * b:6 * b + 6]
+        assert t[0] <= t[2] <= t[4] and t[1] <= t[3] <= t[5] and all(t[2 * j] <= t[2 * j + 1] for j in range(3))
+
+
+def _step(hw, batch: int = 118) -> float:
+    plan = Plan(devices=1, global_batch=batch, micro_batch=batch, dtype="fp32", optimizer="sgd")
+    return StepModel(load_model("resnet101"), hw).predict(plan).step_time_s
+
+
+@pytest.mark.parametrize("factor", [1.1, 2.0])
+def test_more_peak_never_makes_the_p40_slower(factor: float) -> None:
+    hw = load_hardware("p40-pcie")
+    d = hw.device
+    more_flops = dataclasses.replace(hw, device=dataclasses.replace(
+        d, peak_flops={k: v * factor for k, v in d.peak_flops.items()}))
+    conv = d.eff("conv")
+    better = dataclasses.replace(conv, peak=min(1.0, conv.peak * factor))
+    more_conv = dataclasses.replace(hw, device=dataclasses.replace(d, efficiency={**d.efficiency, "conv": better}))
+    base = _step(hw)
+    assert _step(more_flops) < base and _step(more_conv) < base
+
+
+@pytest.mark.parametrize("cls,value,expected", [("conv", "yes", "true or false"),
+                                                ("matmul", True, "only on a conv curve")])
+def test_algorithm_choice_bad_input_is_one_clear_error(cls: str, value: object, expected: str) -> None:
+    data = load_yaml_file(data_dir("hardware") / "p40-pcie.yaml")
+    data["device"]["efficiency"][cls] = {"peak": 0.5, "algorithm_choice": value, "source": "test"}
+    with pytest.raises(SpecError) as info:
+        hardware_from_dict(data, "bad.yaml")
+    assert expected in str(info.value) and "algorithm_choice" in str(info.value)
