@@ -14,12 +14,12 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlperf.errors import DlperfError, PlanError
 from dlperf.mathx import divisors as _divisors
-from dlperf.plan import Plan
+from dlperf.plan import EP_DISPATCHERS, RECOMPUTE_MODULES, Plan
 
 OBJECTIVES = ("time", "cost")
 STRATEGIES = ("data", "model", "pipeline", "hybrid", "best")
@@ -65,6 +65,9 @@ class SearchSpace:
     ep: tuple[int, ...] | None = None
     cp: tuple[int, ...] = (1,)
     ep_overlap: tuple[bool, ...] = (False, True)  # combined 1F1B, where its rules allow it (ep > 1)
+    # partial recomputation (dlperf.plan.RECOMPUTE_MODULES) tried beside `recompute` none: every module at once
+    recompute_modules: tuple[tuple[str, ...], ...] = ((), RECOMPUTE_MODULES)
+    ep_dispatcher: tuple[str, ...] = ("alltoall",)  # tried where ep > 1 (EP_DISPATCHERS: `search --ep-dispatcher`)
 
 
 def enumerate_plans(base: Plan, node_size: int, heads: int | None, layers: int,
@@ -100,18 +103,23 @@ def _cheap_knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) 
         m = per_replica // micro
         for schedule, v in _schedules(plan.pp, m, space, layers, plan.ep):
             for zero in (space.zero if plan.dp > 1 or plan.cp > 1 else (0,)):
-                for recompute in _recomputes(schedule, space):
+                for recompute, modules in _recomputes(schedule, space):
                     for sp in (space.sequence_parallel if plan.tp > 1 else (False,)):
                         for overlap in _ep_overlaps(plan, m, schedule, recompute, space):
-                            yield plan.with_(micro_batch=micro, schedule=schedule, virtual_stages=v, zero=zero,
-                                             recompute=recompute, sequence_parallel=sp, ep_overlap=overlap)
+                            for dispatcher in (space.ep_dispatcher if plan.ep > 1 else ("alltoall",)):
+                                yield plan.with_(micro_batch=micro, schedule=schedule, virtual_stages=v, zero=zero,
+                                                 recompute=recompute, sequence_parallel=sp, ep_overlap=overlap,
+                                                 recompute_modules=modules, ep_dispatcher=dispatcher)
 
 
-def _recomputes(schedule: str, space: SearchSpace) -> tuple[str, ...]:
-    """DualPipe pairs forward with backward chunks and takes no full recomputation (dlperf.plan._check_dualpipe)."""
+def _recomputes(schedule: str, space: SearchSpace) -> list[tuple[str, tuple[str, ...]]]:
+    """(recompute, recompute_modules) pairs: each recompute mode alone, and the partial recomputations with
+    none. DualPipe pairs forward with backward chunks and takes no full recomputation (dlperf.plan._check_dualpipe)."""
+    modes = space.recompute
     if schedule == "dualpipe":
-        return tuple(r for r in space.recompute if r not in ("full", "except_last"))
-    return space.recompute
+        modes = tuple(r for r in modes if r not in ("full", "except_last"))
+    pairs = [(r, ()) for r in modes]
+    return pairs + [("none", m) for m in space.recompute_modules if m and "none" in modes]
 
 
 def _ep_overlaps(plan: Plan, m: int, schedule: str, recompute: str, space: SearchSpace) -> tuple[bool, ...]:
@@ -165,7 +173,8 @@ class SearchResult:
         for rank, ev in enumerate(self.ranked[:top], 1):
             p = ev.plan
             row = {"rank": rank, "devices": p.devices, "dp": p.data_parallel, "tp": p.tp, "pp": p.pp, "cp": p.cp,
-                   "ep": p.ep, "ep_overlap": p.ep_overlap,
+                   "ep": p.ep, "ep_overlap": p.ep_overlap, "ep_dispatcher": p.ep_dispatcher,
+                   "recompute_modules": ",".join(p.recompute_modules) or "-",
                    "micro_batch": p.micro, "micro_batches": p.micro_batches, "schedule": p.schedule,
                    "virtual_stages": p.virtual_stages, "zero": p.zero, "recompute": p.recompute,
                    "sequence_parallel": p.sequence_parallel, "step_time_s": ev.step_time_s,
@@ -190,6 +199,11 @@ def objective_value(ev: Any, objective: str, hw: Any) -> float:
     return ev.plan.devices * ev.step_time_s / 3600.0 * price
 
 
+def _group_limited(model: Any) -> bool:
+    """A MoE layer routes each token to a limited number of expert groups (DeepSeek-V3 node-limited routing)."""
+    return any(layer.op == "moe" and layer.get("top_groups") for layer, _ in model.counted())
+
+
 def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, objective: str = "time",
            max_memory: float | None = None, base: Plan | None = None, space: SearchSpace = SearchSpace(),
            progress: Callable[[Iterable], Any] | None = None, max_step_time: float | None = None) -> SearchResult:
@@ -212,6 +226,10 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
     plans: list[Plan] = []
     node = hw.network[0].size or 1
     base = base or Plan()
+    if space.ep_dispatcher == ("alltoall",) and _group_limited(model):
+        # DeepEP is built for group-limited routing across nodes (DeepSeek-V3 Sec. 3.2.2): tried where the model
+        # routes that way
+        space = replace(space, ep_dispatcher=EP_DISPATCHERS)
     for n in counts:
         plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
                                  evaluator.layers, space, _pp_filter(model, space), _experts(model))

@@ -30,7 +30,7 @@ from dlperf.errors import PlanError
 from dlperf.ops.base import numel
 from dlperf.ops.fp8 import FP8 as FP8_BYTES
 from dlperf.ops.fp8 import WEIGHT_CAST_BYTES, fp8_layers
-from dlperf.ops.recompute import ActivationPolicy, norm_consumers
+from dlperf.ops.recompute import ActivationPolicy, norm_consumers, rerun_kernels
 from dlperf.plan import Plan, validate
 from dlperf.spec.hardware import DEFAULT_CHANNELS, Hardware
 from dlperf.spec.model import Model, out_shape
@@ -938,10 +938,13 @@ def step_flops(model: Model, plan: Plan, e: int) -> tuple[float, float, float]:
     from dlperf.ops import OPS
 
     model_total = ran = recompute = matrix = matrix_again = inside = 0.0
+    modules = frozenset(plan.recompute_modules)
     for layer, count in model.counted():
+        rerun = rerun_kernels(layer, modules) if modules else frozenset()
         for kernel in OPS[layer.op].kernels(layer, 1, e):
             again = plan.recompute in ("full", "except_last") or (
-                plan.recompute == "selective" and kernel.name in ATTENTION_CORE and not layer.get("flash"))
+                plan.recompute == "selective" and kernel.name in ATTENTION_CORE and not layer.get("flash")) or (
+                "*" in rerun or kernel.name in rerun)
             extra = kernel.cost.fwd_flops if again else 0.0
             model_total += count * kernel.cost.work * kernel.model_work_scale  # causal flash: the whole matrix
             ran += count * kernel.cost.work
