@@ -58,7 +58,7 @@ def norm_consumers(root: Any) -> frozenset[Layer]:
 
     def visit(node: Any) -> None:
         if isinstance(node, Seq):
-            for before, after in zip(node.items, node.items[1:]):
+            for before, after in zip(node.items, node.items[1:], strict=False):
                 if isinstance(before, Layer) and before.op in NORM_OPS and isinstance(after, Layer):
                     out.add(after)
             for item in node.items:
