@@ -65,7 +65,8 @@ class SearchSpace:
     ep: tuple[int, ...] | None = None
     cp: tuple[int, ...] = (1,)
     ep_overlap: tuple[bool, ...] = (False, True)  # combined 1F1B, where its rules allow it (ep > 1)
-    # partial recomputation (dlperf.plan.RECOMPUTE_MODULES) tried beside `recompute` none: every module at once
+    # partial recomputation (dlperf.plan.RECOMPUTE_MODULES) tried beside `recompute` none, every module at once,
+    # on models with MLA or MoE layers (search())
     recompute_modules: tuple[tuple[str, ...], ...] = ((), RECOMPUTE_MODULES)
     ep_dispatcher: tuple[str, ...] = ("alltoall",)  # tried where ep > 1 (EP_DISPATCHERS: `search --ep-dispatcher`)
 
@@ -230,14 +231,24 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
         # DeepEP is built for group-limited routing across nodes (DeepSeek-V3 Sec. 3.2.2): tried where the model
         # routes that way
         space = replace(space, ep_dispatcher=EP_DISPATCHERS)
+    if not any(layer.op in ("mla", "moe") for layer, _ in model.counted()):
+        # partial recomputation is the MLA/MoE recipes' (DeepSeek-V3 Sec. 3.2.3; Megatron-Core's mla_up_proj and
+        # moe_act): on other models only `norm` applies, freeing one input per MLP; not searched there, to keep
+        # the search's time (benchmarks/bench_vs_baseline.py)
+        space = replace(space, recompute_modules=((),))
     for n in counts:
         plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
                                  evaluator.layers, space, _pp_filter(model, space), _experts(model))
     fitting: list[Any] = []
     smallest, too_slow = None, 0
+    fits: set[Plan] = set()  # plans without partial recomputation that fit
     iterator = progress(plans) if progress else _null(plans)
     with iterator as items:
         for plan in items:
+            if plan.recompute_modules and plan.with_(recompute_modules=()) in fits:
+                # recomputing more never shortens the step (tests/test_recompute_modules.py): where the plan
+                # fits without it, partial recomputation only costs time, so it is not priced
+                continue
             try:
                 ev = evaluator.timeline(plan)
             except DlperfError:
@@ -246,6 +257,8 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
                 smallest = ev
             if ev.memory_bytes_per_device > limit:
                 continue
+            if not plan.recompute_modules:
+                fits.add(plan)
             if max_step_time is None or ev.step_time_s <= max_step_time:
                 fitting.append(ev)
             else:
