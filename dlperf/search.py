@@ -233,7 +233,7 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
         space = replace(space, ep_dispatcher=EP_DISPATCHERS)
     if not any(layer.op in ("mla", "moe") for layer, _ in model.counted()):
         # partial recomputation is the MLA/MoE recipes' (DeepSeek-V3 Sec. 3.2.3; Megatron-Core's mla_up_proj and
-        # moe_act): on other models only `norm` applies, freeing one input per MLP; not searched there, to keep
+        # moe_act): on other models only `layernorm` applies, freeing one input per MLP; not searched there, to keep
         # the search's time (benchmarks/bench_vs_baseline.py)
         space = replace(space, recompute_modules=((),))
     for n in counts:

@@ -63,8 +63,8 @@ def test_freed_bytes_count_the_report_tensors(model):
     moe = next(layer for layer, _ in model.counted() if layer.op == "moe")
     s, d, h = 1024, 7168, 128
     assert freed_bytes(mla, 2, frozenset({"mla_up_proj"}), False, True) == s * 2 * (2 * h * 192 + h * 128)
-    assert freed_bytes(mla, 2, frozenset({"norm"}), False, True) == s * 2 * d
-    assert freed_bytes(mla, 2, frozenset({"norm"}), False, False) == 0
+    assert freed_bytes(mla, 2, frozenset({"layernorm"}), False, True) == s * 2 * d
+    assert freed_bytes(mla, 2, frozenset({"layernorm"}), False, False) == 0
     assert freed_bytes(mla, 2, frozenset(), True, False) == pytest.approx(
         s * ((2 - FP8_TILED) * (d + 1536 + 512) + (2 - E5M6) * h * 128))
     assert freed_bytes(moe, 2, frozenset({"moe_act"}), False, False) == s * 2 * (8 * 2048 + 2048)
@@ -106,9 +106,9 @@ def test_plans_without_the_options_unchanged(model, h800):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--recompute-modules", "norm,attention"], "recompute_modules"),
-    (["--recompute-modules", "norm,norm"], "recompute_modules"),
-    (["--recompute-modules", "norm", "--recompute", "full"], "full recomputation"),
+    (["--recompute-modules", "layernorm,attention"], "recompute_modules"),
+    (["--recompute-modules", "layernorm,layernorm"], "recompute_modules"),
+    (["--recompute-modules", "layernorm", "--recompute", "full"], "full recomputation"),
     (["--fp8-activations", "--dtype", "bf16"], "--dtype fp8"),
     (["--ep-dispatcher", "deepep", "--ep", "1"], "ep > 1"),
 ])

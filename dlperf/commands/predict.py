@@ -65,8 +65,8 @@ def plan_options(fn: Callable) -> Callable:
                      help="Activation recomputation (except_last: full for every micro-batch but the last, "
                           "torchgpipe's default)."),
         click.option("--recompute-modules", default="", show_default=False,
-                     help="Comma-separated layer parts recomputed in backward instead of kept: norm, mla_up_proj, "
-                          "moe_act (Megatron-Core's --recompute-modules; DeepSeek-V3 Sec. 3.2.3, 3.3.3)."),
+                     help="Comma-separated layer parts recomputed in backward instead of kept: layernorm (every "
+                          "norm), mla_up_proj, moe_act (Megatron-Core's --recompute-modules; DeepSeek-V3 Sec. 3.2.3, 3.3.3)."),
         click.option("--fp8-activations", is_flag=True,
                      help="With --dtype fp8: cache the Linear inputs inside MLA and MoE layers in FP8 (the "
                           "attention output projection's in E5M6), as DeepSeek-V3 does (Sec. 3.3.3)."),

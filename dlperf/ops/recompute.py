@@ -4,7 +4,7 @@ activations the layer keeps for backward (`Plan.recompute_modules`, `Plan.fp8_ac
 DeepSeek-V3 (arXiv:2412.19437) describes both:
 - Sec. 3.2.3, "Recomputation of RMSNorm and MLA Up-Projection": "We recompute all RMSNorm operations and MLA
   up-projections during back-propagation, thereby eliminating the need to persistently store their output
-  activations" (modules "norm" and "mla_up_proj");
+  activations" (modules "layernorm" and "mla_up_proj");
 - Sec. 3.3.3, "Low-Precision Activation": "we cache the activations in FP8 format for the backward pass of the
   Linear operator", except (1) the inputs of the Linear after the attention operator, kept in a customized E5M6
   format, and (2) "the inputs of the SwiGLU operator in MoE ... we cache the inputs of the SwiGLU operator and
@@ -15,7 +15,7 @@ DeepSeek-V3 (arXiv:2412.19437) describes both:
 
 The bytes freed are counted against the layer's own `saved` rule (dlperf.ops.moe _mla_saved and _moe_saved), term
 by term, so that nothing is freed that the rule does not count. A norm's output is kept by the layer that consumes
-it (its input term): "norm" frees that term in an mla, moe or linear layer that directly follows a norm.
+it (its input term): "layernorm" frees that term in an mla, moe or linear layer that directly follows a norm.
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ def norm_consumers(root: Any) -> frozenset[Layer]:
 def rerun_kernels(layer: Layer, modules: frozenset[str]) -> frozenset[str]:
     """Names of the layer's kernels that the recomputed `modules` run again in backward ("*": all of them)."""
     names: set[str] = set()
-    if "norm" in modules and layer.op in NORM_OPS:
+    if "layernorm" in modules and layer.op in NORM_OPS:
         return frozenset({"*"})
     if layer.op == "mla":
-        if "norm" in modules:
+        if "layernorm" in modules:
             names |= {"q_norm", "kv_norm"}  # the latent RMSNorms
         if "mla_up_proj" in modules:
             names |= {"q_up", "kv_up"}
@@ -91,7 +91,7 @@ def freed_bytes(layer: Layer, e: int, modules: frozenset[str], fp8: bool, after_
     inputs held in FP8 (with their tile scales) instead of `e` bytes. `after_norm`: the layer's input is a norm's
     output."""
     rule = _RULES.get(layer.op)
-    return 0 if rule is None else rule(layer, e, modules, fp8, "norm" in modules and after_norm)
+    return 0 if rule is None else rule(layer, e, modules, fp8, "layernorm" in modules and after_norm)
 
 
 def _mla(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recomputed: bool) -> Any:
