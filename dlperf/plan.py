@@ -16,8 +16,8 @@ CP_ALGORITHMS = ("ring", "ulysses")
 # Parts of a layer whose outputs are not kept for backward but recomputed there (Megatron-Core's
 # --recompute-modules names; DeepSeek-V3, arXiv:2412.19437, Sec. 3.2.3 and 3.3.3): "layernorm", every
 # RMSNorm/LayerNorm (its output, the next projection's input, is rebuilt from its kept input); "mla_up_proj",
-# MLA's query and key/value up-projections (their per-head Q, K, V rebuilt from the kept latents); "moe_act", the experts'
-# SwiGLU/GELU (its input kept, its output rebuilt). dlperf.ops.recompute prices each.
+# MLA's query and key/value up-projections (their per-head Q, K, V rebuilt from the kept latents); "moe_act", the
+# experts' SwiGLU/GELU (its input kept, its output rebuilt). dlperf.ops.recompute prices each.
 RECOMPUTE_MODULES = ("layernorm", "mla_up_proj", "moe_act")
 # How expert tokens travel: "alltoall", Megatron-Core's all-to-all dispatcher (BF16 both ways, hierarchical legs
 # one after the other); "deepep", DeepSeek's DeepEP kernels (arXiv:2412.19437 Sec. 3.2.2 and 3.3.3: dispatch

@@ -66,7 +66,8 @@ def plan_options(fn: Callable) -> Callable:
                           "torchgpipe's default)."),
         click.option("--recompute-modules", default="", show_default=False,
                      help="Comma-separated layer parts recomputed in backward instead of kept: layernorm (every "
-                          "norm), mla_up_proj, moe_act (Megatron-Core's --recompute-modules; DeepSeek-V3 Sec. 3.2.3, 3.3.3)."),
+                          "norm), mla_up_proj, moe_act (Megatron-Core's --recompute-modules; DeepSeek-V3 Sec. "
+                          "3.2.3, 3.3.3)."),
         click.option("--fp8-activations", is_flag=True,
                      help="With --dtype fp8: cache the Linear inputs inside MLA and MoE layers in FP8 (the "
                           "attention output projection's in E5M6), as DeepSeek-V3 does (Sec. 3.3.3)."),
