@@ -68,6 +68,8 @@ class SearchSpace:
     # partial recomputation (dlperf.plan.RECOMPUTE_MODULES) tried beside `recompute` none, every module at once,
     # on models with MLA or MoE layers (search())
     recompute_modules: tuple[tuple[str, ...], ...] = ((), RECOMPUTE_MODULES)
+    # FP8 activation caching beside recompute none (dtype fp8, models with MLA or MoE layers: search())
+    fp8_activations: tuple[bool, ...] = (False, True)
     ep_dispatcher: tuple[str, ...] = ("alltoall",)  # tried where ep > 1 (EP_DISPATCHERS: `search --ep-dispatcher`)
 
 
@@ -104,23 +106,27 @@ def _cheap_knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) 
         m = per_replica // micro
         for schedule, v in _schedules(plan.pp, m, space, layers, plan.ep):
             for zero in (space.zero if plan.dp > 1 or plan.cp > 1 else (0,)):
-                for recompute, modules in _recomputes(schedule, space):
+                for recompute, modules, fp8 in _recomputes(schedule, space):
                     for sp in (space.sequence_parallel if plan.tp > 1 else (False,)):
                         for overlap in _ep_overlaps(plan, m, schedule, recompute, space):
                             for dispatcher in (space.ep_dispatcher if plan.ep > 1 else ("alltoall",)):
                                 yield plan.with_(micro_batch=micro, schedule=schedule, virtual_stages=v, zero=zero,
                                                  recompute=recompute, sequence_parallel=sp, ep_overlap=overlap,
-                                                 recompute_modules=modules, ep_dispatcher=dispatcher)
+                                                 recompute_modules=modules, ep_dispatcher=dispatcher,
+                                                 fp8_activations=fp8)
 
 
-def _recomputes(schedule: str, space: SearchSpace) -> list[tuple[str, tuple[str, ...]]]:
-    """(recompute, recompute_modules) pairs: each recompute mode alone, and the partial recomputations with
-    none. DualPipe pairs forward with backward chunks and takes no full recomputation (dlperf.plan._check_dualpipe)."""
+def _recomputes(schedule: str, space: SearchSpace) -> list[tuple[str, tuple[str, ...], bool]]:
+    """(recompute, recompute_modules, fp8_activations): each recompute mode alone, then with none the partial
+    recomputations and FP8 activation caching. DualPipe pairs forward with backward chunks and takes no full
+    recomputation (dlperf.plan._check_dualpipe)."""
     modes = space.recompute
     if schedule == "dualpipe":
         modes = tuple(r for r in modes if r not in ("full", "except_last"))
-    pairs = [(r, ()) for r in modes]
-    return pairs + [("none", m) for m in space.recompute_modules if m and "none" in modes]
+    out = [(r, (), False) for r in modes]
+    if "none" in modes:
+        out += [("none", m, fp8) for m in space.recompute_modules for fp8 in space.fp8_activations if m or fp8]
+    return out
 
 
 def _ep_overlaps(plan: Plan, m: int, schedule: str, recompute: str, space: SearchSpace) -> tuple[bool, ...]:
@@ -175,7 +181,7 @@ class SearchResult:
             p = ev.plan
             row = {"rank": rank, "devices": p.devices, "dp": p.data_parallel, "tp": p.tp, "pp": p.pp, "cp": p.cp,
                    "ep": p.ep, "ep_overlap": p.ep_overlap, "ep_dispatcher": p.ep_dispatcher,
-                   "recompute_modules": ",".join(p.recompute_modules) or "-",
+                   "recompute_modules": ",".join(p.recompute_modules) or "-", "fp8_activations": p.fp8_activations,
                    "micro_batch": p.micro, "micro_batches": p.micro_batches, "schedule": p.schedule,
                    "virtual_stages": p.virtual_stages, "zero": p.zero, "recompute": p.recompute,
                    "sequence_parallel": p.sequence_parallel, "step_time_s": ev.step_time_s,
@@ -236,6 +242,8 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
         # moe_act): on other models only `layernorm` applies, freeing one input per MLP; not searched there, to keep
         # the search's time (benchmarks/bench_vs_baseline.py)
         space = replace(space, recompute_modules=((),))
+    if base.dtype != "fp8" or space.recompute_modules == ((),):
+        space = replace(space, fp8_activations=(False,))  # --fp8-activations needs an FP8 recipe
     for n in counts:
         plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
                                  evaluator.layers, space, _pp_filter(model, space), _experts(model))
@@ -245,9 +253,10 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
     iterator = progress(plans) if progress else _null(plans)
     with iterator as items:
         for plan in items:
-            if plan.recompute_modules and plan.with_(recompute_modules=()) in fits:
-                # recomputing more never shortens the step (tests/test_recompute_modules.py): where the plan
-                # fits without it, partial recomputation only costs time, so it is not priced
+            if (plan.recompute_modules or plan.fp8_activations) and \
+                    plan.with_(recompute_modules=(), fp8_activations=False) in fits:
+                # recomputing more never shortens the step, nor does FP8 caching (tests/test_recompute_modules.py):
+                # where the plan fits without them, they only save memory it does not need, so are not priced
                 continue
             try:
                 ev = evaluator.timeline(plan)
@@ -257,7 +266,7 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
                 smallest = ev
             if ev.memory_bytes_per_device > limit:
                 continue
-            if not plan.recompute_modules:
+            if not plan.recompute_modules and not plan.fp8_activations:
                 fits.add(plan)
             if max_step_time is None or ev.step_time_s <= max_step_time:
                 fitting.append(ev)

@@ -119,6 +119,8 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
         plan_cols = plan_cols[:4] + ["cp", "ep", "ep_overlap", "ep_dispatcher"] + plan_cols[4:]
     if any(r["recompute_modules"] != "-" for r in rows):
         plan_cols.insert(plan_cols.index("recompute") + 1, "recompute_modules")
+    if any(r["fp8_activations"] for r in rows):
+        plan_cols.insert(plan_cols.index("recompute") + 1, "fp8_activations")
     if objective == "cost" or len(counts) > 1:
         plan_cols = ["rank", "devices"] + plan_cols[1:] + (["cost_per_step"] if objective == "cost" else [])
     if objective == "cost":
