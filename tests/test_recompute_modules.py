@@ -121,3 +121,39 @@ def test_cli_bad_input_one_line_exit_2(capsys, args, words):
     assert bad.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("Error: ") and words in err and "\n" not in err
+
+
+def test_grid_equals_timeline_with_the_options(model, h800):
+    from dlperf.engine.step import StepModel
+
+    plan = PLAN.with_(schedule="dualpipe", recompute_modules=RECOMPUTE_MODULES, fp8_activations=True,
+                      ep_dispatcher="deepep")
+    steps = StepModel(model, h800)
+    batches = [128, 256]
+    grid = steps.grid(plan, batches)
+    for gb, step in zip(batches, grid["step_time_s"], strict=True):
+        assert step == pytest.approx(steps.timeline(plan.with_(global_batch=gb)).step_time_s, rel=1e-12)
+
+
+def test_search_tries_the_options_only_where_they_apply(model, h800):
+    """Partial recomputation and FP8 caching are searched on MLA/MoE models (FP8 caching under an FP8 recipe),
+    DeepEP with group-limited routing; a dense model's search is unchanged."""
+    from dlperf.search import SearchSpace, search
+
+    space = SearchSpace(zero=(1,), recompute=("none",), sequence_parallel=(False,), max_micro_batch=1, ep=(1, 16))
+    # a memory cap that the published-style plan meets only with the options on
+    options = predict(model, h800, PLAN.with_(recompute_modules=RECOMPUTE_MODULES, fp8_activations=True))
+    cap = options.memory_bytes_per_device * 1.001
+    assert predict(model, h800, PLAN).memory_bytes_per_device > cap
+    found = search(model, h800, 64, 128, base=Plan(dtype="fp8"), space=space, max_memory=cap)
+    plans = [ev.plan for ev in found.ranked]
+    assert any(p.recompute_modules and p.fp8_activations for p in plans)
+    assert {p.ep_dispatcher for p in plans if p.ep > 1} <= {"alltoall", "deepep"}
+    for ev in found.ranked:  # a variant is priced only where its plain plan does not fit
+        p = ev.plan
+        if p.recompute_modules or p.fp8_activations:
+            plain = p.with_(recompute_modules=(), fp8_activations=False)
+            assert plain not in plans
+    dense = load_model("llama3-8b")
+    dense_plans = [ev.plan for ev in search(dense, h800, 8, 8, space=space).ranked]
+    assert dense_plans and not any(p.recompute_modules or p.fp8_activations for p in dense_plans)
