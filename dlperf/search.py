@@ -65,12 +65,13 @@ class SearchSpace:
     ep: tuple[int, ...] | None = None
     cp: tuple[int, ...] = (1,)
     ep_overlap: tuple[bool, ...] = (False, True)  # combined 1F1B, where its rules allow it (ep > 1)
-    # partial recomputation (dlperf.plan.RECOMPUTE_MODULES) tried beside `recompute` none, every module at once,
-    # on models with MLA or MoE layers (search())
-    recompute_modules: tuple[tuple[str, ...], ...] = ((), RECOMPUTE_MODULES)
-    # FP8 activation caching beside recompute none (dtype fp8, models with MLA or MoE layers: search())
-    fp8_activations: tuple[bool, ...] = (False, True)
-    ep_dispatcher: tuple[str, ...] = ("alltoall",)  # tried where ep > 1 (EP_DISPATCHERS: `search --ep-dispatcher`)
+    # Partial recomputation (dlperf.plan.RECOMPUTE_MODULES) and FP8 activation caching, tried beside `recompute`
+    # none; the expert dispatcher where ep > 1. None: where they apply (search(): every module at once on models
+    # with MLA or MoE layers, FP8 caching there under dtype fp8, DeepEP with group-limited routing); enumerate_plans
+    # reads None as off.
+    recompute_modules: tuple[tuple[str, ...], ...] | None = None
+    fp8_activations: tuple[bool, ...] | None = None
+    ep_dispatcher: tuple[str, ...] | None = None
 
 
 def enumerate_plans(base: Plan, node_size: int, heads: int | None, layers: int,
@@ -109,7 +110,7 @@ def _cheap_knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) 
                 for recompute, modules, fp8 in _recomputes(schedule, space):
                     for sp in (space.sequence_parallel if plan.tp > 1 else (False,)):
                         for overlap in _ep_overlaps(plan, m, schedule, recompute, space):
-                            for dispatcher in (space.ep_dispatcher if plan.ep > 1 else ("alltoall",)):
+                            for dispatcher in (space.ep_dispatcher or ("alltoall",) if plan.ep > 1 else ("alltoall",)):
                                 yield plan.with_(micro_batch=micro, schedule=schedule, virtual_stages=v, zero=zero,
                                                  recompute=recompute, sequence_parallel=sp, ep_overlap=overlap,
                                                  recompute_modules=modules, ep_dispatcher=dispatcher,
@@ -125,7 +126,8 @@ def _recomputes(schedule: str, space: SearchSpace) -> list[tuple[str, tuple[str,
         modes = tuple(r for r in modes if r not in ("full", "except_last"))
     out = [(r, (), False) for r in modes]
     if "none" in modes:
-        out += [("none", m, fp8) for m in space.recompute_modules for fp8 in space.fp8_activations if m or fp8]
+        out += [("none", m, fp8) for m in space.recompute_modules or ((),) for fp8 in space.fp8_activations or (False,)
+                if m or fp8]
     return out
 
 
@@ -206,6 +208,22 @@ def objective_value(ev: Any, objective: str, hw: Any) -> float:
     return ev.plan.devices * ev.step_time_s / 3600.0 * price
 
 
+def _applicable(space: SearchSpace, model: Any, base: Plan) -> SearchSpace:
+    """Fill the options left at None with where they apply. DeepEP is built for group-limited routing across
+    nodes (DeepSeek-V3 Sec. 3.2.2). Partial recomputation is the MLA/MoE recipes' (DeepSeek-V3 Sec. 3.2.3;
+    Megatron-Core's mla_up_proj and moe_act): on other models only `layernorm` applies, freeing one input per MLP,
+    and it is not searched there, to keep the search's time (benchmarks/bench_vs_baseline.py). FP8 caching needs
+    an FP8 recipe."""
+    mla_moe = any(layer.op in ("mla", "moe") for layer, _ in model.counted())
+    if space.ep_dispatcher is None:
+        space = replace(space, ep_dispatcher=EP_DISPATCHERS if _group_limited(model) else ("alltoall",))
+    if space.recompute_modules is None:
+        space = replace(space, recompute_modules=((), RECOMPUTE_MODULES) if mla_moe else ((),))
+    if space.fp8_activations is None:
+        space = replace(space, fp8_activations=(False, True) if mla_moe and base.dtype == "fp8" else (False,))
+    return space
+
+
 def _group_limited(model: Any) -> bool:
     """A MoE layer routes each token to a limited number of expert groups (DeepSeek-V3 node-limited routing)."""
     return any(layer.op == "moe" and layer.get("top_groups") for layer, _ in model.counted())
@@ -233,17 +251,7 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
     plans: list[Plan] = []
     node = hw.network[0].size or 1
     base = base or Plan()
-    if space.ep_dispatcher == ("alltoall",) and _group_limited(model):
-        # DeepEP is built for group-limited routing across nodes (DeepSeek-V3 Sec. 3.2.2): tried where the model
-        # routes that way
-        space = replace(space, ep_dispatcher=EP_DISPATCHERS)
-    if not any(layer.op in ("mla", "moe") for layer, _ in model.counted()):
-        # partial recomputation is the MLA/MoE recipes' (DeepSeek-V3 Sec. 3.2.3; Megatron-Core's mla_up_proj and
-        # moe_act): on other models only `layernorm` applies, freeing one input per MLP; not searched there, to keep
-        # the search's time (benchmarks/bench_vs_baseline.py)
-        space = replace(space, recompute_modules=((),))
-    if base.dtype != "fp8" or space.recompute_modules == ((),):
-        space = replace(space, fp8_activations=(False,))  # --fp8-activations needs an FP8 recipe
+    space = _applicable(space, model, base)
     for n in counts:
         plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
                                  evaluator.layers, space, _pp_filter(model, space), _experts(model))
