@@ -157,3 +157,30 @@ def test_search_tries_the_options_only_where_they_apply(model, h800):
     dense = load_model("llama3-8b")
     dense_plans = [ev.plan for ev in search(dense, h800, 8, 8, space=space).ranked]
     assert dense_plans and not any(p.recompute_modules or p.fp8_activations for p in dense_plans)
+
+
+def test_deepep_exchange_by_hand(model, h800):
+    """One MoE layer's exchange per pass: a dispatch-direction all-to-all (FP8 values plus a 4-byte scale per 128
+    under DeepEP and an FP8 recipe) and a combine-direction one (BF16), each the longer of its IB leg (one copy
+    per node reached) and its NVLink leg under DeepEP, their sum otherwise."""
+    import dlperf.comm as comm
+    from dlperf.engine.context import dispatch_bytes, ep_exchange, nodes_reached
+    from dlperf.engine.layers import Use
+    from dlperf.engine.step import _parallel
+
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    use = Use(layer, 1, False)
+    nbytes = dispatch_bytes(layer, 1, 2, 1, 1)
+    reach = nodes_reached(layer, 2) / layer["top_k"]
+
+    def legs(n):
+        return (comm.collective_time("alltoall", n * reach, comm.Group(2, 8), h800),
+                comm.collective_time("alltoall", n, comm.Group(8, 1), h800))
+
+    nccl = ep_exchange(use, 1, 2, 1, _parallel(comm, h800, PLAN))
+    assert nccl == pytest.approx(2 * sum(legs(nbytes)), rel=1e-12)
+    deepep = ep_exchange(use, 1, 2, 1, _parallel(comm, h800, PLAN.with_(ep_dispatcher="deepep")))
+    assert deepep == pytest.approx(max(legs(nbytes * FP8_TILED / 2)) + max(legs(nbytes)), rel=1e-12)
+    bf16 = ep_exchange(use, 1, 2, 1, _parallel(comm, h800, PLAN.with_(ep_dispatcher="deepep", dtype="bf16")))
+    assert bf16 == pytest.approx(2 * max(legs(nbytes)), rel=1e-12)
+    assert deepep < bf16 < nccl
