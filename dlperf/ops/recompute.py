@@ -30,8 +30,9 @@ FP8 = BYTES_PER_ELEMENT["fp8"]
 # DeepSeek-V3 Sec. 3.3.3: the attention output projection's input is cached in E5M6 (1 sign, 5 exponent, 6
 # mantissa bits): 12 bits per element.
 E5M6 = 12 / 8
-# Sec. 3.3.2 fine-grained quantization: one scaling factor per 1x128 tile of an activation (FP32; the report's
-# Figure 7 and the DeepEP dispatch's per-128-channel scales).
+# Sec. 3.3.2 fine-grained quantization: one scaling factor per 1x128 tile of an activation; FP32, as DeepEP's FP8
+# dispatch returns them (deepseek-ai/DeepEP deep_ep/buffer.py, low_latency_dispatch docstring: float8_e4m3fn values
+# and `hidden // 128` scales "with torch.float" unless use_ue8m0).
 TILE, SCALE_BYTES = 128, 4
 FP8_TILED = FP8 + SCALE_BYTES / TILE
 
