@@ -13,6 +13,16 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 CONSISTENCY = ("sync", "ssp", "async")
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 CP_ALGORITHMS = ("ring", "ulysses")
+# Parts of a layer whose outputs are not kept for backward but recomputed there (Megatron-Core's
+# --recompute-modules names; DeepSeek-V3, arXiv:2412.19437, Sec. 3.2.3 and 3.3.3): "layernorm", every
+# RMSNorm/LayerNorm (its output, the next projection's input, is rebuilt from its kept input); "mla_up_proj",
+# MLA's query and key/value up-projections (their per-head Q, K, V rebuilt from the kept latents); "moe_act", the
+# experts' SwiGLU/GELU (its input kept, its output rebuilt). dlperf.ops.recompute prices each.
+RECOMPUTE_MODULES = ("layernorm", "mla_up_proj", "moe_act")
+# How expert tokens travel: "alltoall", Megatron-Core's all-to-all dispatcher (BF16 both ways, hierarchical legs
+# one after the other); "deepep", DeepSeek's DeepEP kernels (arXiv:2412.19437 Sec. 3.2.2 and 3.3.3: dispatch
+# quantized to FP8 under an FP8 recipe, combine in BF16, IB and NVLink legs overlapped, 20 SMs).
+EP_DISPATCHERS = ("alltoall", "deepep")
 # How ZeRO stage 3 gathers and reduces (dlperf.engine.zero_impl): "fsdp", one collective per repeated block with
 # prefetch (PyTorch FSDP, the default); "deepspeed-0.3", DeepSpeed v0.3.12-v0.4.0's stage 3 (per-tensor gathers
 # through list collectives, device-wide synchronisation, bucketed gradient allreduce).
@@ -59,6 +69,9 @@ class Plan:
     moe_imbalance: float | None = None   # busiest expert rank's tokens / mean (None: MOE_IMBALANCE)
     ep_overlap: bool = False             # dispatch/combine hidden behind an adjacent micro-batch (combined 1F1B)
     zero_impl: str = "fsdp"              # which ZeRO-3 implementation runs (ZERO_IMPLS)
+    recompute_modules: tuple[str, ...] = ()  # layer parts recomputed in backward (RECOMPUTE_MODULES)
+    fp8_activations: bool = False        # Linear inputs inside MLA/MoE cached in FP8 (DeepSeek-V3 Sec. 3.3.3)
+    ep_dispatcher: str = "alltoall"      # how expert tokens travel (EP_DISPATCHERS)
 
     @property
     def data_parallel(self) -> int:
@@ -128,11 +141,30 @@ def _check_knobs(plan: Plan) -> None:
         # priced for a flat data-parallel group only (dlperf.engine.zero_impl counts one stage's tensors, dp ranks)
         raise PlanError("zero_impl deepspeed-0.3 runs without pipeline, context or expert parallelism",
                         expected="pp = cp = ep = 1", found=f"pp={plan.pp} cp={plan.cp} ep={plan.ep}")
+    _check_activation_knobs(plan)
     value = plan.moe_imbalance
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or not 1 <= value <= 1000):  # also refuses NaN and infinity
         raise PlanError("moe_imbalance", expected="a number from 1 to 1000 (busiest rank's tokens / mean)",
                         found=value)
+
+
+def _check_activation_knobs(plan: Plan) -> None:
+    """Recomputed modules must be named in RECOMPUTE_MODULES (each once); FP8 activation caching and DeepEP
+    describe an FP8 recipe's and an expert-parallel run's machinery."""
+    modules = plan.recompute_modules
+    if not isinstance(modules, tuple) or any(m not in RECOMPUTE_MODULES for m in modules) or \
+            len(set(modules)) != len(modules):
+        raise PlanError("recompute_modules", expected="distinct names among " + ", ".join(RECOMPUTE_MODULES),
+                        found=",".join(map(str, modules)) if isinstance(modules, tuple) else modules)
+    if modules and plan.recompute in ("full", "except_last"):
+        raise PlanError("recompute_modules names parts of a layer to recompute: full recomputation already reruns "
+                        "them", expected="--recompute none or selective", found=plan.recompute)
+    if plan.fp8_activations and plan.dtype != "fp8":
+        raise PlanError("--fp8-activations caches activations in FP8: it needs --dtype fp8", found=plan.dtype)
+    _choice("ep_dispatcher", plan.ep_dispatcher, EP_DISPATCHERS)
+    if plan.ep_dispatcher != "alltoall" and plan.ep == 1:
+        raise PlanError(f"--ep-dispatcher {plan.ep_dispatcher} moves expert tokens: it needs ep > 1", found=plan.ep)
 
 
 def _check_degrees(plan: Plan) -> None:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dlperf.errors import DlperfError, PlanError
 from dlperf.mathx import divisors as _divisors
-from dlperf.plan import Plan
+from dlperf.plan import EP_DISPATCHERS, RECOMPUTE_MODULES, Plan
 
 OBJECTIVES = ("time", "cost")
 STRATEGIES = ("data", "model", "pipeline", "hybrid", "best")
@@ -65,6 +65,13 @@ class SearchSpace:
     ep: tuple[int, ...] | None = None
     cp: tuple[int, ...] = (1,)
     ep_overlap: tuple[bool, ...] = (False, True)  # combined 1F1B, where its rules allow it (ep > 1)
+    # Partial recomputation (dlperf.plan.RECOMPUTE_MODULES) and FP8 activation caching, tried beside `recompute`
+    # none; the expert dispatcher where ep > 1. None: where they apply (search(): every module at once on models
+    # with MLA or MoE layers, FP8 caching there under dtype fp8, DeepEP with group-limited routing); enumerate_plans
+    # reads None as off.
+    recompute_modules: tuple[tuple[str, ...], ...] | None = None
+    fp8_activations: tuple[bool, ...] | None = None
+    ep_dispatcher: tuple[str, ...] | None = None
 
 
 def enumerate_plans(base: Plan, node_size: int, heads: int | None, layers: int,
@@ -100,18 +107,28 @@ def _cheap_knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) 
         m = per_replica // micro
         for schedule, v in _schedules(plan.pp, m, space, layers, plan.ep):
             for zero in (space.zero if plan.dp > 1 or plan.cp > 1 else (0,)):
-                for recompute in _recomputes(schedule, space):
+                for recompute, modules, fp8 in _recomputes(schedule, space):
                     for sp in (space.sequence_parallel if plan.tp > 1 else (False,)):
                         for overlap in _ep_overlaps(plan, m, schedule, recompute, space):
-                            yield plan.with_(micro_batch=micro, schedule=schedule, virtual_stages=v, zero=zero,
-                                             recompute=recompute, sequence_parallel=sp, ep_overlap=overlap)
+                            for dispatcher in (space.ep_dispatcher or ("alltoall",) if plan.ep > 1 else ("alltoall",)):
+                                yield plan.with_(micro_batch=micro, schedule=schedule, virtual_stages=v, zero=zero,
+                                                 recompute=recompute, sequence_parallel=sp, ep_overlap=overlap,
+                                                 recompute_modules=modules, ep_dispatcher=dispatcher,
+                                                 fp8_activations=fp8)
 
 
-def _recomputes(schedule: str, space: SearchSpace) -> tuple[str, ...]:
-    """DualPipe pairs forward with backward chunks and takes no full recomputation (dlperf.plan._check_dualpipe)."""
+def _recomputes(schedule: str, space: SearchSpace) -> list[tuple[str, tuple[str, ...], bool]]:
+    """(recompute, recompute_modules, fp8_activations): each recompute mode alone, then with none the partial
+    recomputations and FP8 activation caching. DualPipe pairs forward with backward chunks and takes no full
+    recomputation (dlperf.plan._check_dualpipe)."""
+    modes = space.recompute
     if schedule == "dualpipe":
-        return tuple(r for r in space.recompute if r not in ("full", "except_last"))
-    return space.recompute
+        modes = tuple(r for r in modes if r not in ("full", "except_last"))
+    out = [(r, (), False) for r in modes]
+    if "none" in modes:
+        out += [("none", m, fp8) for m in space.recompute_modules or ((),) for fp8 in space.fp8_activations or (False,)
+                if m or fp8]
+    return out
 
 
 def _ep_overlaps(plan: Plan, m: int, schedule: str, recompute: str, space: SearchSpace) -> tuple[bool, ...]:
@@ -165,7 +182,8 @@ class SearchResult:
         for rank, ev in enumerate(self.ranked[:top], 1):
             p = ev.plan
             row = {"rank": rank, "devices": p.devices, "dp": p.data_parallel, "tp": p.tp, "pp": p.pp, "cp": p.cp,
-                   "ep": p.ep, "ep_overlap": p.ep_overlap,
+                   "ep": p.ep, "ep_overlap": p.ep_overlap, "ep_dispatcher": p.ep_dispatcher,
+                   "recompute_modules": ",".join(p.recompute_modules) or "-", "fp8_activations": p.fp8_activations,
                    "micro_batch": p.micro, "micro_batches": p.micro_batches, "schedule": p.schedule,
                    "virtual_stages": p.virtual_stages, "zero": p.zero, "recompute": p.recompute,
                    "sequence_parallel": p.sequence_parallel, "step_time_s": ev.step_time_s,
@@ -190,6 +208,27 @@ def objective_value(ev: Any, objective: str, hw: Any) -> float:
     return ev.plan.devices * ev.step_time_s / 3600.0 * price
 
 
+def _applicable(space: SearchSpace, model: Any, base: Plan) -> SearchSpace:
+    """Fill the options left at None with where they apply. DeepEP is built for group-limited routing across
+    nodes (DeepSeek-V3 Sec. 3.2.2). Partial recomputation is the MLA/MoE recipes' (DeepSeek-V3 Sec. 3.2.3;
+    Megatron-Core's mla_up_proj and moe_act): on other models only `layernorm` applies, freeing one input per MLP,
+    and it is not searched there, to keep the search's time (benchmarks/bench_vs_baseline.py). FP8 caching needs
+    an FP8 recipe."""
+    mla_moe = any(layer.op in ("mla", "moe") for layer, _ in model.counted())
+    if space.ep_dispatcher is None:
+        space = replace(space, ep_dispatcher=EP_DISPATCHERS if _group_limited(model) else ("alltoall",))
+    if space.recompute_modules is None:
+        space = replace(space, recompute_modules=((), RECOMPUTE_MODULES) if mla_moe else ((),))
+    if space.fp8_activations is None:
+        space = replace(space, fp8_activations=(False, True) if mla_moe and base.dtype == "fp8" else (False,))
+    return space
+
+
+def _group_limited(model: Any) -> bool:
+    """A MoE layer routes each token to a limited number of expert groups (DeepSeek-V3 node-limited routing)."""
+    return any(layer.op == "moe" and layer.get("top_groups") for layer, _ in model.counted())
+
+
 def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, objective: str = "time",
            max_memory: float | None = None, base: Plan | None = None, space: SearchSpace = SearchSpace(),
            progress: Callable[[Iterable], Any] | None = None, max_step_time: float | None = None) -> SearchResult:
@@ -212,14 +251,21 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
     plans: list[Plan] = []
     node = hw.network[0].size or 1
     base = base or Plan()
+    space = _applicable(space, model, base)
     for n in counts:
         plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
                                  evaluator.layers, space, _pp_filter(model, space), _experts(model))
     fitting: list[Any] = []
     smallest, too_slow = None, 0
+    fits: set[Plan] = set()  # plans without partial recomputation that fit
     iterator = progress(plans) if progress else _null(plans)
     with iterator as items:
         for plan in items:
+            if (plan.recompute_modules or plan.fp8_activations) and \
+                    plan.with_(recompute_modules=(), fp8_activations=False) in fits:
+                # recomputing more never shortens the step, nor does FP8 caching (tests/test_recompute_modules.py):
+                # where the plan fits without them, they only save memory it does not need, so are not priced
+                continue
             try:
                 ev = evaluator.timeline(plan)
             except DlperfError:
@@ -228,6 +274,8 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
                 smallest = ev
             if ev.memory_bytes_per_device > limit:
                 continue
+            if not plan.recompute_modules and not plan.fp8_activations:
+                fits.add(plan)
             if max_step_time is None or ev.step_time_s <= max_step_time:
                 fitting.append(ev)
             else:

@@ -77,9 +77,11 @@ ROW_KEYS = ("id", "source", "where", "evidence", "tags", "model", "set", "hardwa
 ROW_REQUIRED = ("id", "source", "where", "evidence", "model", "hardware", "plan", "measured")
 MEASURED_KEYS = ("value", "unit")
 PLAN_FIELDS = {f.name: f for f in fields(Plan)}
-_BOOL_FIELDS = ("sequence_parallel", "overlap", "hybrid_fc", "tp_overlap", "fp8_param_gather", "ep_overlap")
+_BOOL_FIELDS = ("sequence_parallel", "overlap", "hybrid_fc", "tp_overlap", "fp8_param_gather", "ep_overlap",
+                "fp8_activations")
 _STR_FIELDS = ("schedule", "recompute", "compression", "consistency", "dtype", "optimizer", "grad_dtype",
-               "cp_algorithm", "zero_impl")
+               "cp_algorithm", "zero_impl", "ep_dispatcher")
+_NAME_LIST_FIELDS = ("recompute_modules",)
 _FLOAT_FIELDS = ("moe_imbalance",)
 
 
@@ -460,13 +462,16 @@ def _plan(node: dict, where: str, file: str) -> Plan:
         elif key in _FLOAT_FIELDS:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             expected = "a number"
+        elif key in _NAME_LIST_FIELDS:
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+            expected = "a list of names"
         else:
             nullable = value is None and key in ("dp", "micro_batch")
             ok = nullable or (isinstance(value, int) and not isinstance(value, bool))
             expected = "an integer"
         if not ok:
             raise _fail(raw, key, inner, file, expected)
-    plan = Plan(**dict(raw))
+    plan = Plan(**{k: tuple(v) if k in _NAME_LIST_FIELDS else v for k, v in raw.items()})
     try:
         return validate_plan(plan)
     except DlperfError as err:

@@ -64,6 +64,18 @@ def plan_options(fn: Callable) -> Callable:
                      show_default=True,
                      help="Activation recomputation (except_last: full for every micro-batch but the last, "
                           "torchgpipe's default)."),
+        click.option("--recompute-modules", default="", show_default=False,
+                     help="Comma-separated layer parts recomputed in backward instead of kept: layernorm (every "
+                          "norm), mla_up_proj, moe_act (Megatron-Core's --recompute-modules; DeepSeek-V3 Sec. "
+                          "3.2.3, 3.3.3)."),
+        click.option("--fp8-activations", is_flag=True,
+                     help="With --dtype fp8: cache the Linear inputs inside MLA and MoE layers in FP8 (the "
+                          "attention output projection's in E5M6), as DeepSeek-V3 does (Sec. 3.3.3)."),
+        click.option("--ep-dispatcher", type=click.Choice(["alltoall", "deepep"]), default="alltoall",
+                     show_default=True,
+                     help="Expert token transport: NCCL all-to-alls (BF16, hierarchical legs in sequence) or "
+                          "DeepEP (FP8 dispatch under --dtype fp8, BF16 combine, IB and NVLink legs overlapped, "
+                          "20 SMs; DeepSeek-V3 Sec. 3.2.2, 3.3.3)."),
         click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1)."),
         click.option("--no-overlap", is_flag=True, help="Do not overlap the gradient allreduce with backward."),
         click.option("--tp-overlap", is_flag=True,
@@ -120,6 +132,8 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
         moe_imbalance=opts.get("moe_imbalance"), ep_overlap=opts.get("ep_overlap", False),
         zero_impl=opts.get("zero_impl") or "fsdp",
+        recompute_modules=tuple(m.strip() for m in (opts.get("recompute_modules") or "").split(",") if m.strip()),
+        fp8_activations=opts.get("fp8_activations", False), ep_dispatcher=opts.get("ep_dispatcher") or "alltoall",
     )
     if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
         from dlperf.engine.defaults import default_plan

@@ -116,7 +116,11 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
     plan_cols = ["rank", "dp", "tp", "pp", "micro_batch", "schedule", "virtual_stages", "zero", "recompute",
                  "sequence_parallel", "step_time_s", "samples_per_s", "memory_gib"]
     if any(r["ep"] > 1 or r["cp"] > 1 for r in rows):
-        plan_cols = plan_cols[:4] + ["cp", "ep", "ep_overlap"] + plan_cols[4:]
+        plan_cols = plan_cols[:4] + ["cp", "ep", "ep_overlap", "ep_dispatcher"] + plan_cols[4:]
+    if any(r["recompute_modules"] != "-" for r in rows):
+        plan_cols.insert(plan_cols.index("recompute") + 1, "recompute_modules")
+    if any(r["fp8_activations"] for r in rows):
+        plan_cols.insert(plan_cols.index("recompute") + 1, "fp8_activations")
     if objective == "cost" or len(counts) > 1:
         plan_cols = ["rank", "devices"] + plan_cols[1:] + (["cost_per_step"] if objective == "cost" else [])
     if objective == "cost":

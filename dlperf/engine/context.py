@@ -27,8 +27,16 @@ from dlperf import mathx
 from dlperf.engine.layers import Use
 from dlperf.ops.base import Layer
 from dlperf.ops.moe import dispatch_elements, kv_width, qkv_widths
+from dlperf.ops.recompute import FP8_TILED
 
 ATTENTION_OPS = ("attention", "mla")
+# DeepEP (ep_dispatcher "deepep"), as DeepSeek-V3 (arXiv:2412.19437) describes its all-to-all kernels:
+# Sec. 3.2.2, "only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink", the IB leg to the GPU
+# with the same in-node index on each target node and the NVLink forward "fully overlapped"; Sec. 3.3.3, the
+# activation "before MoE up-projections" quantized to FP8 before the dispatch (and the activation gradient before
+# the MoE down-projections, the backward's dispatch-direction leg), "both the forward and backward combine
+# components" kept in BF16.
+DEEPEP_SMS = 20
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,8 @@ class Parallel:
     ep_nodes: int = 1                                 # nodes the ep group spans
     ep_alltoall_nodes: Callable[[Any], Any] | None = None  # over one rank per node (same in-node index)
     ep_alltoall_node: Callable[[Any], Any] | None = None   # over the ep ranks inside one node
+    ep_dispatcher: str = "alltoall"                   # dlperf.plan.EP_DISPATCHERS
+    fp8_dispatch: bool = False                        # deepep under an FP8 recipe: dispatch-direction legs in FP8
     cp_alltoall: Callable[[Any], Any] | None = None   # over the cp group (Ulysses)
     cp_send: Callable[[Any], Any] | None = None       # one ring hop
 
@@ -144,11 +154,24 @@ def ep_exchange(use: Use, batch: Any, e: int, tp: int, par: Parallel) -> Any:
     Plain routing sends each of a token's top_k copies to its expert's rank (Megatron-Core's all-to-all
     dispatcher). Group-limited routing across nodes is dispatched hierarchically (DeepSeek-V3 Sec. 3.2.2,
     DeepEP): a token crosses InfiniBand once per node it reaches, to the GPU with the same in-node index, and is
-    forwarded over NVLink to its experts there; the combine retraces the path."""
+    forwarded over NVLink to its experts there; the combine retraces the path.
+
+    With DeepEP (`par.ep_dispatcher` "deepep", DEEPEP_SMS) the two legs of a hierarchical all-to-all overlap (the
+    longer one sets its time), and under an FP8 recipe the dispatch direction carries FP8 values with one FP32
+    scale per 128 (dlperf.ops.recompute.FP8_TILED) while the combine direction stays BF16: one leg of each kind
+    per pass, forward and backward alike."""
     layer = use.layer
     load = 1 if layer.get("capacity_factor") else expert_load(layer, par)
     nbytes = dispatch_bytes(layer, batch, e, tp, par.cp) * load
-    if layer.get("top_groups") and par.ep_nodes > 1:
-        across = nbytes / layer["top_k"] * nodes_reached(layer, par.ep_nodes)
-        return 2 * (par.ep_alltoall_nodes(across) + par.ep_alltoall_node(nbytes))
-    return 2 * par.ep_alltoall(nbytes)
+    dispatch = nbytes * FP8_TILED / e if par.fp8_dispatch else nbytes
+    return _alltoall(layer, par, dispatch) + _alltoall(layer, par, nbytes)
+
+
+def _alltoall(layer: Layer, par: Parallel, nbytes: Any) -> Any:
+    """One all-to-all of `nbytes` per rank over the ep group: flat, or in two legs under group-limited routing
+    across nodes (summed; overlapped under DeepEP)."""
+    if not (layer.get("top_groups") and par.ep_nodes > 1):
+        return par.ep_alltoall(nbytes)
+    across = par.ep_alltoall_nodes(nbytes / layer["top_k"] * nodes_reached(layer, par.ep_nodes))
+    inside = par.ep_alltoall_node(nbytes)
+    return mathx.maximum(across, inside) if par.ep_dispatcher == "deepep" else across + inside

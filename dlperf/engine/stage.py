@@ -18,6 +18,7 @@ from dlperf.ops.dense import quadratic_attention_bytes
 from dlperf.ops.fp8 import fp8_kernels, kernel_dtype, storage_dtype
 from dlperf.ops.fp8 import saved_bytes as fp8_saved_bytes
 from dlperf.ops.moe import moe_kernels
+from dlperf.ops.recompute import ActivationPolicy, freed_bytes, rerun_kernels
 from dlperf.spec.hardware import Device, Hardware
 
 FULL = ("full", "except_last")  # rerun every forward kernel (except_last: not for the last micro-batch)
@@ -132,17 +133,21 @@ def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
 
 def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp: int, sp: bool,
                recompute: str, comm_time: Any, fp8: frozenset = frozenset(), tp_overlap: bool = False,
-               par: Parallel | None = None, memo: dict | None = None) -> StageCost:
+               par: Parallel | None = None, memo: dict | None = None,
+               acts: ActivationPolicy | None = None) -> StageCost:
     """Sum the layers' kernels at micro-batch `batch`; `comm_time(op, nbytes)` prices tp collectives. Under
     dtype fp8, the layers in `fp8` run their weight GEMMs in FP8 (dlperf.ops.fp8); with `tp_overlap` each
     layer's tp collectives hide behind its GEMMs (dlperf.engine.overlap); `par` adds expert and context
     parallelism (None: neither); `memo` keeps kernel times across calls on the same hardware (search prices the
-    same kernels for thousands of plans)."""
+    same kernels for thousands of plans); `acts` recomputes parts of layers and caches activations in FP8
+    (dlperf.ops.recompute; None: neither)."""
     out = StageCost()
     par = par or Parallel()
+    acts = acts or ActivationPolicy()
     for use in uses:
         divisor = tp if (use.sharded or sp) else 1
         in_fp8 = dtype == "fp8" and use.layer in fp8
+        rerun = rerun_kernels(use.layer, acts.modules) if acts.modules else frozenset()
         gemm = {"fwd": 0.0, "bwd": 0.0}  # this layer's weight-GEMM seconds per pass: what overlap hides behind
         core = [0.0, 0.0]  # this layer's attention-core seconds, which a ring exchange overlaps
         for kernel in use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), in_fp8,
@@ -161,7 +166,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
             out.backward_weight = out.backward_weight + use.count * bwd * _weight_share(kernel)
             out.host_fwd = out.host_fwd + use.count * host_fwd
             out.host_bwd = out.host_bwd + use.count * host_bwd
-            if _recomputed(recompute, use, kernel):
+            if _recomputed(recompute, use, kernel) or "*" in rerun or kernel.name in rerun:
                 out.recompute = out.recompute + use.count * fwd
                 out.host_recompute = out.host_recompute + use.count * host_fwd
             if kernel.weight_gemm is not None:
@@ -179,6 +184,10 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         saved = saved * batch / (tp if (use.sharded or sp) else 1)
         if recompute == "selective":
             saved = saved - quadratic_attention_bytes(use.layer, e) * batch / tp
+        if acts.active:
+            cache = in_fp8 if use.layer.op == "linear" else in_fp8 and acts.fp8_cache
+            saved = saved - freed_bytes(use.layer, e, acts.modules, cache, use.layer in acts.after_norm) * batch / (
+                tp if (use.sharded or sp) else 1)
         saved = use.count * (saved / par.cp if par.cp > 1 else saved)
         out.saved_bytes = out.saved_bytes + saved
         if recompute in FULL and not _full_rerun(recompute, use):

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from dlperf import mathx
 from dlperf.engine import memory as mem
 from dlperf.engine import zero_impl
-from dlperf.engine.context import Parallel
+from dlperf.engine.context import DEEPEP_SMS, Parallel
 from dlperf.engine.layers import element_bytes, tp_uses
 from dlperf.engine.pipeline import (
     balanced_partition,
@@ -30,6 +30,7 @@ from dlperf.errors import PlanError
 from dlperf.ops.base import numel
 from dlperf.ops.fp8 import FP8 as FP8_BYTES
 from dlperf.ops.fp8 import WEIGHT_CAST_BYTES, fp8_layers
+from dlperf.ops.recompute import ActivationPolicy, norm_consumers, rerun_kernels
 from dlperf.plan import Plan, validate
 from dlperf.spec.hardware import DEFAULT_CHANNELS, Hardware
 from dlperf.spec.model import Model, out_shape
@@ -108,6 +109,7 @@ class StepModel:
         self.model, self.hw = model, hw
         self.heads = _heads(model)
         self.fp8 = fp8_layers(model.root)
+        self._after_norm: frozenset | None = None  # layers fed by a norm (dlperf.ops.recompute), found when needed
         total = model.total_params
         self.fp8_share = sum(layer.params * n for layer, n in model.counted() if layer in self.fp8) / total \
             if isinstance(total, int) and total else 0.0
@@ -129,7 +131,7 @@ class StepModel:
         """(every stage's cost, the slowest stage, the most parameters on one device, the largest activation
         crossing a stage boundary per sample)."""
         key = (plan.tp, plan.pp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.hybrid_fc,
-               plan.data_parallel, plan.tp_overlap, *_ep_cp_key(plan))
+               plan.data_parallel, plan.tp_overlap, *_ep_cp_key(plan), *_acts_key(plan))
         if key not in self._stages and plan.hybrid_fc:
             part = self._hybrid_fc(plan, dtype, e)
             self._stages[key] = ([part], part, part.params, 0)
@@ -186,7 +188,7 @@ class StepModel:
 
     def _summed_cost(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
         key = ("summed", tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype,
-               plan.tp_overlap, *_ep_cp_key(plan))
+               plan.tp_overlap, *_ep_cp_key(plan), *_acts_key(plan))
         if key not in self._cost:
             parts = [self._cost_of([node], plan, dtype, e) for node in nodes]
             total = parts[0]
@@ -197,7 +199,7 @@ class StepModel:
 
     def _cost_of(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
         key = (tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap,
-               *_ep_cp_key(plan))
+               *_ep_cp_key(plan), *_acts_key(plan))
         if key not in self._cost:
             uses_key = (tuple(nodes), plan.sequence_parallel)
             if uses_key not in self._uses:
@@ -205,8 +207,16 @@ class StepModel:
             self._cost[key] = stage_cost(self._uses[uses_key], plan.micro, e, self.hw, dtype, plan.tp,
                                          plan.sequence_parallel, plan.recompute, self._tp_comm(plan.tp),
                                          self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan),
-                                         self._kernel_times)
+                                         self._kernel_times, self._policy(plan))
         return self._cost[key]
+
+    def _policy(self, plan: Plan) -> ActivationPolicy | None:
+        """The plan's partial recomputation and FP8 activation caching (None when it uses neither)."""
+        if not plan.recompute_modules and not plan.fp8_activations:
+            return None
+        if self._after_norm is None:
+            self._after_norm = norm_consumers(self.model.root)
+        return ActivationPolicy(frozenset(plan.recompute_modules), plan.fp8_activations, self._after_norm)
 
     def _hybrid_fc(self, plan: Plan, dtype: str, e: int) -> StageCost:
         """Krizhevsky's "one weird trick" (2014; survey section 6): the convolutional body is data-parallel on
@@ -326,7 +336,7 @@ class StepModel:
         devices = self._twin_devices(stages, plan.pp)
         twin = plan.with_(dp=2 * plan.data_parallel)
         share = recompute_share(plan, m)
-        stolen = _overlap_contention(self.hw, plan.tp * plan.cp * plan.ep)
+        stolen = _ep_contention(self.hw, plan)
 
         t_p2p = self._p2p_time(plan, e, boundary)
         chunks = [_dualpipe_chunks(self.hw, twin, d, dtype, share, stolen) for d in devices]
@@ -585,6 +595,13 @@ def _overlap_contention(hw: Hardware, span: int) -> float:
     return min((level.channels or DEFAULT_CHANNELS) / hw.device.sms, 1.0)
 
 
+def _ep_contention(hw: Hardware, plan: Plan) -> float:
+    """As `_overlap_contention` for the expert all-to-alls: NCCL's channels, or DeepEP's DEEPEP_SMS."""
+    if plan.ep_dispatcher == "deepep" and hw.device.sms is not None:
+        return min(DEEPEP_SMS / hw.device.sms, 1.0)
+    return _overlap_contention(hw, plan.tp * plan.cp * plan.ep)
+
+
 def _level_for_stride(hw: Hardware, stride: int) -> int:
     """Index of the innermost network level whose domains contain ranks `stride` apart."""
     for index, level in enumerate(hw.network):
@@ -796,6 +813,7 @@ def _parallel(comm: Any, hw: Hardware, plan: Plan) -> Parallel | None:
         ep_nodes=nodes,
         ep_alltoall_nodes=lambda nbytes: comm.collective_time("alltoall", nbytes, across, hw),
         ep_alltoall_node=lambda nbytes: comm.collective_time("alltoall", nbytes, inside, hw),
+        ep_dispatcher=plan.ep_dispatcher, fp8_dispatch=plan.ep_dispatcher == "deepep" and plan.dtype == "fp8",
         cp_alltoall=lambda nbytes: comm.collective_time("alltoall", nbytes, cp_group, hw),
         cp_send=lambda nbytes: comm.p2p_time(nbytes, hw, level, crossing),
     )
@@ -823,7 +841,12 @@ def _ep_per_node(hw: Hardware, plan: Plan) -> tuple[int, int]:
 
 
 def _ep_cp_key(plan: Plan) -> tuple:
-    return (plan.ep, plan.cp, plan.cp_algorithm, plan.imbalance) if plan.ep > 1 or plan.cp > 1 else ()
+    return (plan.ep, plan.cp, plan.cp_algorithm, plan.imbalance, plan.ep_dispatcher) if plan.ep > 1 or plan.cp > 1 \
+        else ()
+
+
+def _acts_key(plan: Plan) -> tuple:
+    return (plan.recompute_modules, plan.fp8_activations) if plan.recompute_modules or plan.fp8_activations else ()
 
 
 def _check_ep_cp(model: Model, plan: Plan) -> None:
@@ -915,10 +938,13 @@ def step_flops(model: Model, plan: Plan, e: int) -> tuple[float, float, float]:
     from dlperf.ops import OPS
 
     model_total = ran = recompute = matrix = matrix_again = inside = 0.0
+    modules = frozenset(plan.recompute_modules)
     for layer, count in model.counted():
+        rerun = rerun_kernels(layer, modules) if modules else frozenset()
         for kernel in OPS[layer.op].kernels(layer, 1, e):
             again = plan.recompute in ("full", "except_last") or (
-                plan.recompute == "selective" and kernel.name in ATTENTION_CORE and not layer.get("flash"))
+                plan.recompute == "selective" and kernel.name in ATTENTION_CORE and not layer.get("flash")) or (
+                "*" in rerun or kernel.name in rerun)
             extra = kernel.cost.fwd_flops if again else 0.0
             model_total += count * kernel.cost.work * kernel.model_work_scale  # causal flash: the whole matrix
             ran += count * kernel.cost.work
