@@ -48,6 +48,18 @@ def test_auto_prices_the_direct_form_on_a_curve_that_holds_cudnns_choice() -> No
     assert conv_choice(Use(layer, 1, False), 32, 4, load_hardware("dgx1-v100"), "fp32", 1)[1] == "winograd"
 
 
+@pytest.mark.parametrize("algorithm", ["winograd", "fft", "im2col", "direct"])
+def test_no_explicit_algorithm_beats_cudnns_choice_on_a_curve_that_holds_it(algorithm: str) -> None:
+    """cuDNN's pick is no slower than an algorithm it could have picked: on p40-pcie an explicit algorithm is
+    priced on the same measured curve as `auto` (it had been priced on the unsourced matmul curve, faster)."""
+    hw = load_hardware("p40-pcie")
+    layer = _conv(256, 14, 256, 3)
+    attrs = tuple((k, algorithm if k == "algorithm" else v) for k, v in layer.attrs)
+    assert ("algorithm", algorithm) in attrs
+    explicit = dataclasses.replace(layer, attrs=attrs)
+    assert _conv_time(hw, explicit, 32) >= _conv_time(hw, layer, 32)
+
+
 @pytest.mark.parametrize("kernel,stride", [(1, 1), (3, 1), (1, 2), (7, 2)])
 def test_larger_convolutions_never_take_less_time(kernel: int, stride: int) -> None:
     hw = load_hardware("p40-pcie")

@@ -103,12 +103,15 @@ class StageCost:
 
 
 def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any) -> tuple[Kernel, str]:
-    """cuDNN-style `auto`: the applicable algorithm with the least forward+backward time on this device."""
+    """cuDNN-style `auto`: the applicable algorithm with the least forward+backward time on this device. A conv
+    curve measured per direct FLOP of whatever cuDNN ran (`algorithm_choice`) prices every convolution, an
+    explicit algorithm too: the measurement holds no figure for one algorithm apart, and pricing an explicit
+    Winograd on the plain matmul curve made it faster than cuDNN's own choice (reviewer)."""
     layer = use.layer
-    if layer["algorithm"] != "auto":
-        return algorithm_kernel(layer, layer["algorithm"], batch, e), layer["algorithm"]
     if hw.device.eff("conv", dtype).algorithm_choice:  # the measured curve already holds cuDNN's choice
         return algorithm_kernel(layer, "direct", batch, e), "direct"
+    if layer["algorithm"] != "auto":
+        return algorithm_kernel(layer, layer["algorithm"], batch, e), layer["algorithm"]
     best, best_time, name = None, None, "direct"
     for algorithm in applicable(layer, dtype):
         kernel = algorithm_kernel(layer, algorithm, batch, e)
