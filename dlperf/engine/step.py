@@ -743,10 +743,12 @@ def _deepspeed_zero3(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm
     micro = zero_impl.per_micro(comm, hw, plan, group, weight, grad, tensors, slow.forward_window, slow.recompute,
                                 slow.backward_window, stolen)
     # once per step, the optimizer step's re-gather of the persistent tensors; every later micro-batch of the
-    # step gathers them again one by one
-    again = (plan.micro_batches - 1) * zero_impl.persistent_gathers(comm, hw, group, weight, tensors)
-    step = zero_impl.post_step(comm, hw, group, weight, tensors) + again
-    return (step, step) + micro
+    # step gathers them again one by one: m - 1 times, i.e. once per micro-batch less once per step (so that
+    # the per-step and per-micro-batch parts hold for any micro-batch count, as grid() scales them)
+    again = zero_impl.persistent_gathers(comm, hw, group, weight, tensors)
+    step = zero_impl.post_step(comm, hw, group, weight, tensors) - again
+    total, exposed = micro
+    return (step, step, total + again, exposed + again)
 
 
 def _pipelined(comm_unit: Any, compute_unit: Any, units: int, tail: Any, stolen: float) -> Any:
