@@ -176,10 +176,16 @@ def extract_deepbench(repo: Path) -> None:
                    "stride_w, stride_h, output P, Q, Forward / wrt Inputs / wrt Parameters (msec)",
                    "FLOPs per pass = 2*N*K*P*Q*C*R*S (checked: / time equals the sheet's three TERAFLOPS columns "
                    "to 1e-9)"],
-                  ["application", "w", "h", "c", "n", "k", "s", "r", "pad_w", "pad_h", "stride_w", "stride_h",
-                   "p", "q", "fwd_ms", "bwd_data_ms", "bwd_filter_ms", "algorithm"],
-                  [[r[1], *r[2:13], r[17], r[18], r[13], r[14], r[15], r[23] if len(r) > 23 else ""]
-                   for r in conv])
+                  CONV_COLUMNS, [_conv_row(r) for r in conv])
+
+
+CONV_COLUMNS = ["application", "w", "h", "c", "n", "k", "s", "r", "pad_w", "pad_h", "stride_w", "stride_h",
+                "p", "q", "fwd_ms", "bwd_data_ms", "bwd_filter_ms", "algorithm"]
+
+
+def _conv_row(r: tuple) -> list:
+    """A DeepBench convolution row in CONV_COLUMNS order (the sheets keep P, Q after the three timings)."""
+    return [r[1] or "", *r[2:13], r[17], r[18], r[13], r[14], r[15], r[23] if len(r) > 23 else ""]
 
 
 def extract_deepbench_titanxp(repo: Path) -> None:
@@ -204,10 +210,7 @@ def extract_deepbench_titanxp(repo: Path) -> None:
                "the application column empty",
                "FLOPs per pass = 2*N*K*P*Q*C*R*S (checked: / time equals the sheet's three TERAFLOPS columns "
                "to 1e-9)"],
-              ["application", "w", "h", "c", "n", "k", "s", "r", "pad_w", "pad_h", "stride_w", "stride_h",
-               "p", "q", "fwd_ms", "bwd_data_ms", "bwd_filter_ms", "algorithm"],
-              [[r[1] or "", *r[2:13], r[17], r[18], r[13], r[14], r[15], r[23] if len(r) > 23 else ""]
-               for r in conv])
+              CONV_COLUMNS, [_conv_row(r) for r in conv])
 
 
 # --- Azure AI-benchmarking-guide ------------------------------------------------------------------------

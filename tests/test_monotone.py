@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dlperf.engine import predict
 from dlperf.engine.step import StepModel
 from dlperf.errors import DlperfError
 from dlperf.plan import Plan
@@ -26,6 +27,15 @@ MODELS = ("vgg16", "alexnet", "resnet50", "inception-v3", "bert-large", "gpt2-xl
 HARDWARE = ("p100-roce", "dgx-a100", "dgx1-v100", "p40-pcie")
 CONSTANTS = ("peak_flops", "memory_bandwidth", "launch_latency", "network_bandwidth", "network_latency",
              "matmul_peak", "network_efficiency")
+
+
+def assert_more_bandwidth_on_any_level_never_slower(model, hw, plan) -> None:
+    """Doubling the bandwidth of any one network level never makes `plan` slower."""
+    base = predict(model, hw, plan).step_time_s
+    for i in range(len(hw.network)):
+        net = list(hw.network)
+        net[i] = dataclasses.replace(net[i], bandwidth=net[i].bandwidth * 2)
+        assert predict(model, dataclasses.replace(hw, network=tuple(net)), plan).step_time_s <= base * (1 + 1e-12)
 
 
 def faster(hw, constant: str, factor: float):

@@ -4,7 +4,6 @@ arXiv:2412.19437 Sec. 3.2.2, 3.2.3, 3.3.3): invariants, the exact bytes they fre
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
 
 import pytest
 
@@ -13,6 +12,7 @@ from dlperf.ops.recompute import E5M6, FP8_TILED, freed_bytes, norm_consumers
 from dlperf.plan import RECOMPUTE_MODULES, Plan
 from dlperf.spec.hardware import load_hardware
 from dlperf.spec.model import load_model
+from tests.test_monotone import assert_more_bandwidth_on_any_level_never_slower
 
 # two nodes of 8 in the ep group (ep ranks 1 apart): the hierarchical dispatch's IB and NVLink legs both run
 PLAN = Plan(devices=64, dp=32, pp=2, ep=16, global_batch=128, micro_batch=1, zero=1, dtype="fp8",
@@ -91,11 +91,7 @@ def test_deepep_overlapped_legs_never_slower_all_to_all(model, h800):
 def test_more_bandwidth_never_slower(model, h800, dispatcher):
     plan = PLAN.with_(schedule="dualpipe", ep_dispatcher=dispatcher, recompute_modules=RECOMPUTE_MODULES,
                       fp8_activations=True)
-    base = predict(model, h800, plan).step_time_s
-    for i in range(len(h800.network)):
-        net = list(h800.network)
-        net[i] = replace(net[i], bandwidth=net[i].bandwidth * 2)
-        assert predict(model, replace(h800, network=tuple(net)), plan).step_time_s <= base * (1 + 1e-12)
+    assert_more_bandwidth_on_any_level_never_slower(model, h800, plan)
 
 
 def test_plans_without_the_options_unchanged(model, h800):
