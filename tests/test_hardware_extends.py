@@ -95,6 +95,14 @@ def test_an_error_in_the_base_names_the_base_and_one_in_the_child_names_the_chil
     assert "unknown key 'devices' (did you mean 'device'?)" in str(_error(child))
 
 
+def test_a_child_needs_its_own_name(tmp_path: Path) -> None:
+    """Else it loads, and every message reports it, under its base's name (reviewer)."""
+    child = _write(tmp_path / "child.yaml", "extends: dgx-a100\ndevice:\n  memory: 40 GiB\n")
+    with pytest.raises(SpecError, match="extends another needs its own name") as info:
+        load_hardware(child)
+    assert "child.yaml:1" in str(info.value) and "\n" not in str(info.value)
+
+
 def test_the_cli_prints_one_line_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     child = _write(tmp_path / "child.yaml", CHILD.format(base="dgx-a10"))
     with pytest.raises(SystemExit) as info:

@@ -492,6 +492,9 @@ def _resolve_extends(data: Any, file: str, chain: tuple[str, ...] = ()) -> Any:
         what = "extends itself (a cycle)" if str(path.resolve()) in seen else \
             f"more than {MAX_EXTENDS_DEPTH} bases deep (MAX_EXTENDS_DEPTH)"
         raise SpecError(f"{data['extends']!r} {what}", file=file, line=line_of(data, "extends"), field="extends")
+    if "name" not in data:  # else it would load, and be reported, under its base's name
+        raise SpecError("a hardware file that extends another needs its own name", file=file,
+                        line=line_of(data, "extends"), field="name", expected="name: <this machine>")
     base = _resolve_extends(load_yaml_file(path), str(path), seen)
     _hardware(base, str(path))
     child = LineDict((k, v) for k, v in data.items() if k != "extends")
