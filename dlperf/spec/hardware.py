@@ -30,7 +30,8 @@ A file may start from another one and say only what differs (a 40GB variant of a
     device: {name: A100-SXM4-40GB, memory: 40 GiB, memory_bandwidth: 1555 GB/s}
 
 Mappings merge key by key (the extending file wins), lists such as `network` and scalars are replaced whole, and
-a key set to null (`price_per_device_hour: null`) is dropped. The base must load on its own.
+a key set to null (`price_per_device_hour: null`) is dropped. The base must load on its own, and the file needs
+its own `name`.
 """
 
 from __future__ import annotations
