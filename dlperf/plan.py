@@ -196,6 +196,12 @@ def _check_ep_overlap(plan: Plan) -> None:
                         expected="micro-batches >= 2", found=plan.micro_batches)
 
 
+def dualpipe_micro_batches_ok(m: Any, pp: int) -> Any:
+    """DualPipe's rule on the micro-batch count m (an int or an array of them): even and at least 2*pp
+    (deepseek-ai/DualPipe dualpipe/dualpipe.py @3da1bbe, DualPipe.step)."""
+    return (m % 2 == 0) & (m >= 2 * pp)
+
+
 def _check_dualpipe(plan: Plan) -> None:
     """DeepSeek-V3's DualPipe (arXiv:2412.19437, Sec. 3.2.1) feeds micro-batches from both ends of the pipeline:
     it needs an even number of stages and of micro-batches, and its reference implementation at least two
@@ -207,7 +213,7 @@ def _check_dualpipe(plan: Plan) -> None:
     if pp == 1 or pp % 2:
         raise PlanError("the dualpipe schedule feeds the pipeline from both ends: it needs an even pp >= 2",
                         expected="pp even, >= 2", found=pp)
-    if m % 2 or m < 2 * pp:
+    if not dualpipe_micro_batches_ok(m, pp):
         raise PlanError(f"the dualpipe schedule needs an even number of micro-batches, at least 2*pp = {2 * pp} "
                         "(deepseek-ai/DualPipe)", expected=f"even micro-batches >= {2 * pp}", found=m)
     if plan.recompute in ("full", "except_last"):

@@ -19,7 +19,7 @@ from typing import Any
 
 from dlperf.errors import DlperfError, PlanError
 from dlperf.mathx import divisors as _divisors
-from dlperf.plan import EP_DISPATCHERS, RECOMPUTE_MODULES, Plan
+from dlperf.plan import EP_DISPATCHERS, RECOMPUTE_MODULES, Plan, dualpipe_micro_batches_ok
 
 OBJECTIVES = ("time", "cost")
 STRATEGIES = ("data", "model", "pipeline", "hybrid", "best")
@@ -149,7 +149,7 @@ def _schedules(pp: int, m: int, space: SearchSpace, layers: int, ep: int = 1) ->
         if schedule == "dualpipe":
             # DeepSeek-V3's schedule exists to hide expert all-to-alls: tried with expert parallelism only, where
             # its rules hold (dlperf.plan._check_dualpipe)
-            if ep > 1 and pp % 2 == 0 and m % 2 == 0 and m >= 2 * pp:
+            if ep > 1 and pp % 2 == 0 and dualpipe_micro_batches_ok(m, pp):
                 yield schedule, 1
         elif schedule != "interleaved":
             yield schedule, 1

@@ -71,12 +71,9 @@ def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], 
     else:
         acts = mathx.maximum(*(s.saved_bytes * _stage_in_flight(plan, i, micro_batches_in_flight)
                                for i, s in enumerate(stages)))
-    buffers = DDP_BUFFER_BYTES if plan.data_parallel > 1 else 0
     if plan.zero >= 3 and plan.data_parallel > 1:
         states["gathered"] = _zero3_working_set(model, plan, max(s.params for s in stages), dtype)
-    allocated = sum(states.values()) + acts + buffers
-    reserved = runtime_reserve(hw, allocated)
-    return {**states, "activations": acts, "buffers": buffers, "reserved": reserved, "total": allocated + reserved}
+    return _with_totals(hw, plan, states, acts)
 
 
 def dualpipe_per_device(model: Model, hw: Hardware, plan: Plan, devices: list[StageCost], dtype: str) -> dict[str, Any]:
@@ -88,9 +85,14 @@ def dualpipe_per_device(model: Model, hw: Hardware, plan: Plan, devices: list[St
     heaviest = max(devices, key=lambda d: d.params)
     states = _states(heaviest, plan, dtype)
     acts = (plan.pp + 1) * mathx.maximum(*(d.saved_bytes / 2 for d in devices))
-    buffers = DDP_BUFFER_BYTES if plan.data_parallel > 1 else 0
     if plan.zero >= 3:
         states["gathered"] = _zero3_working_set(model, plan, heaviest.params / 2, dtype)  # a unit of one stage
+    return _with_totals(hw, plan, states, acts)
+
+
+def _with_totals(hw: Hardware, plan: Plan, states: dict[str, Any], acts: Any) -> dict[str, Any]:
+    """The memory breakdown: the states, the activations, DDP's buckets, what the runtime reserves, the total."""
+    buffers = DDP_BUFFER_BYTES if plan.data_parallel > 1 else 0
     allocated = sum(states.values()) + acts + buffers
     reserved = runtime_reserve(hw, allocated)
     return {**states, "activations": acts, "buffers": buffers, "reserved": reserved, "total": allocated + reserved}

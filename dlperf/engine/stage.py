@@ -18,7 +18,7 @@ from dlperf.ops.dense import quadratic_attention_bytes
 from dlperf.ops.fp8 import fp8_kernels, kernel_dtype, storage_dtype
 from dlperf.ops.fp8 import saved_bytes as fp8_saved_bytes
 from dlperf.ops.moe import moe_kernels
-from dlperf.ops.recompute import ActivationPolicy, freed_bytes, rerun_kernels
+from dlperf.ops.recompute import ActivationPolicy, freed_bytes, rerun_kernels, reruns
 from dlperf.spec.hardware import Device, Hardware
 
 FULL = ("full", "except_last")  # rerun every forward kernel (except_last: not for the last micro-batch)
@@ -169,7 +169,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
             out.backward_weight = out.backward_weight + use.count * bwd * _weight_share(kernel)
             out.host_fwd = out.host_fwd + use.count * host_fwd
             out.host_bwd = out.host_bwd + use.count * host_bwd
-            if _recomputed(recompute, use, kernel) or "*" in rerun or kernel.name in rerun:
+            if _recomputed(recompute, use, kernel) or reruns(rerun, kernel.name):
                 out.recompute = out.recompute + use.count * fwd
                 out.host_recompute = out.host_recompute + use.count * host_fwd
             if kernel.weight_gemm is not None:
@@ -184,13 +184,13 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         out.params = out.params + use.count * use.layer.params / (tp if use.sharded else 1)
         saved = OPS[use.layer.op].saved(use.layer, e)
         saved = fp8_saved_bytes(use.layer, saved, e) if in_fp8 else saved
-        saved = saved * batch / (tp if (use.sharded or sp) else 1)
+        saved = saved * batch / divisor
         if recompute == "selective":
             saved = saved - quadratic_attention_bytes(use.layer, e) * batch / tp
         if acts.active:
             cache = in_fp8 if use.layer.op == "linear" else in_fp8 and acts.fp8_cache
-            saved = saved - freed_bytes(use.layer, e, acts.modules, cache, use.layer in acts.after_norm) * batch / (
-                tp if (use.sharded or sp) else 1)
+            freed = freed_bytes(use.layer, e, acts.modules, cache, use.layer in acts.after_norm)
+            saved = saved - freed * batch / divisor
         saved = use.count * (saved / par.cp if par.cp > 1 else saved)
         out.saved_bytes = out.saved_bytes + saved
         if recompute in FULL and not _full_rerun(recompute, use):

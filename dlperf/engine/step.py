@@ -30,8 +30,8 @@ from dlperf.errors import PlanError
 from dlperf.ops.base import numel
 from dlperf.ops.fp8 import FP8 as FP8_BYTES
 from dlperf.ops.fp8 import WEIGHT_CAST_BYTES, fp8_layers
-from dlperf.ops.recompute import ActivationPolicy, norm_consumers, rerun_kernels
-from dlperf.plan import Plan, validate
+from dlperf.ops.recompute import ActivationPolicy, norm_consumers, rerun_kernels, reruns
+from dlperf.plan import Plan, dualpipe_micro_batches_ok, validate
 from dlperf.spec.hardware import DEFAULT_CHANNELS, Hardware
 from dlperf.spec.model import Model, out_shape
 
@@ -266,7 +266,7 @@ class StepModel:
         if plan.schedule == "interleaved":
             ok &= (m % plan.pp == 0) & (v >= 2) & (plan.pp * v <= self.layers)
         elif plan.schedule == "dualpipe":
-            ok &= (m % 2 == 0) & (m >= 2 * plan.pp) & (v == 1)
+            ok &= dualpipe_micro_batches_ok(m, plan.pp) & (v == 1)
         else:
             ok &= v == 1
         step, _, memory, *_ = self._evaluate(plan, m, v)
@@ -945,8 +945,8 @@ def step_flops(model: Model, plan: Plan, e: int) -> tuple[float, float, float]:
         rerun = rerun_kernels(layer, modules) if modules else frozenset()
         for kernel in OPS[layer.op].kernels(layer, 1, e):
             again = plan.recompute in ("full", "except_last") or (
-                plan.recompute == "selective" and kernel.name in ATTENTION_CORE and not layer.get("flash")) or (
-                "*" in rerun or kernel.name in rerun)
+                plan.recompute == "selective" and kernel.name in ATTENTION_CORE and not layer.get("flash")) or \
+                reruns(rerun, kernel.name)
             extra = kernel.cost.fwd_flops if again else 0.0
             model_total += count * kernel.cost.work * kernel.model_work_scale  # causal flash: the whole matrix
             ran += count * kernel.cost.work

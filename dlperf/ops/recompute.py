@@ -87,6 +87,11 @@ def rerun_kernels(layer: Layer, modules: frozenset[str]) -> frozenset[str]:
     return frozenset(names)
 
 
+def reruns(rerun: frozenset[str], kernel: str) -> bool:
+    """Whether a kernel named `kernel` is among `rerun` (rerun_kernels' answer for its layer)."""
+    return "*" in rerun or kernel in rerun
+
+
 def freed_bytes(layer: Layer, e: int, modules: frozenset[str], fp8: bool, after_norm: bool) -> Any:
     """Bytes per sample the layer no longer keeps: outputs of recomputed modules, and with `fp8` its Linear
     inputs held in FP8 (with their tile scales) instead of `e` bytes. `after_norm`: the layer's input is a norm's
