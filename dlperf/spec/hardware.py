@@ -87,12 +87,19 @@ DEFAULT_LAUNCH_LATENCY = 5e-6
 #   CPU, meta-pytorch/tritonbench#1017's table, benchmark "nop_triton_direct_culaunch" from #1003, which calls the
 #   driver through Python ctypes: a little more than PyTorch's C++ call pays); 4.90 us from statically compiled C
 #   in 2017 (JuliaGPU/CUDAdrv.jl#15). The smaller, recent figure is used: the sum stays a lower bound.
+# - BACKWARD_HOST_RATIO: on the CPU device backward runs on the calling thread with no CUDA allocator, so its
+#   launches look cheap (10.7 vs 20.1 us). On GPU hosts they are not: the median interval between consecutive
+#   kernel launches of one thread, backward over forward, is 1.28 over the 8 distinct eager-training traces that
+#   facebookresearch/HolisticTraceAnalysis publishes as test data (@f4d0062c, tests/data/; V100 and A100 hosts;
+#   per trace 0.55-2.55; benchmarks/trace_launch_gaps.py prints them). Profiled traces pay the profiler per operator
+#   in both passes, so only their ratio is used: a backward launch costs 1.28 x the forward one.
 # Still a lower bound on a GPU host: DGX A100's EPYC 7742 (Zen 2) is slower per thread than Zen 4, and the counted
 # launches are fewer than the kernels an eager layer really launches. `dlperf calibrate --device cuda` measures
 # the whole (framework and launch call together) on the user's machine.
 FRAMEWORK_HOST = (20.1e-6, 10.7e-6)
 LAUNCH_CALL = 3.0e-6
-DEFAULT_DISPATCH = (FRAMEWORK_HOST[0] + LAUNCH_CALL, FRAMEWORK_HOST[1] + LAUNCH_CALL)
+BACKWARD_HOST_RATIO = 1.28
+DEFAULT_DISPATCH = (FRAMEWORK_HOST[0] + LAUNCH_CALL, BACKWARD_HOST_RATIO * (FRAMEWORK_HOST[0] + LAUNCH_CALL))
 DEFAULT_CHANNELS = 2  # "it should just launch 2 SMs" on a one-NIC system, NCCL's minimum (NVIDIA/nccl#689)
 # What the runtime reserves on a GPU before the model's own tensors, unless the hardware file says otherwise:
 # - 1 GiB fixed: the CUDA context alone takes ~0.7-0.8 GiB once PyTorch touches a GPU (723 MiB for a one-element
