@@ -13,10 +13,10 @@ from dlperf.comm.engine import (
     normalize_op,
     p2p_time,
 )
-from dlperf.comm.topology import Group, Link, Placed, place_group
+from dlperf.comm.topology import Group, Link, Placed, place_group, twin_group
 
 __all__ = [
     "ALGORITHMS", "CollectiveReport", "CommError", "Compression", "CompressionDetail", "Group", "Link", "Placed",
     "algorithm_times", "best_algorithm", "bus_factor", "collective_report", "collective_time",
-    "compressed_allreduce_time", "normalize_op", "p2p_time", "parse_compression", "place_group",
+    "compressed_allreduce_time", "normalize_op", "p2p_time", "parse_compression", "place_group", "twin_group",
 ]

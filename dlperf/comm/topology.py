@@ -36,11 +36,15 @@ class Group:
     `concurrent` overrides how many devices of one inner domain cross each outer level at the same time
     (by default: all devices of the domain for algorithms where every member crosses, one per group for
     leader-based ones, assuming every device belongs to some group of this kind).
+
+    `devices` names the members' device indices (ascending) when they are not one evenly strided run: DualPipe's
+    two copies of a stage reduce their gradients over the replicas of two pipeline positions (`twin_group`).
     """
 
     size: int
     stride: int = 1
     concurrent: int | None = None
+    devices: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("size", "stride"):
@@ -51,6 +55,19 @@ class Group:
         if concurrent is not None and (isinstance(concurrent, bool) or not isinstance(concurrent, (int, np.integer))
                                        or concurrent < 1):
             raise CommError("group concurrent", expected="a positive integer or None", found=concurrent)
+        devices = self.devices
+        if devices is not None and (len(devices) != self.size or any(
+                isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0 for d in devices)
+                or any(b <= a for a, b in zip(devices, devices[1:]))):
+            raise CommError("group devices", expected=f"{self.size} ascending device indices >= 0", found=devices)
+
+
+def twin_group(size: int, stride: int, first: int, second: int) -> Group:
+    """Two runs of `size` ranks `stride` apart, starting at devices `first` < `second`: the group over which
+    DualPipe reduces a stage's gradients, the replicas of pipeline rank r and of its mirror rank pp-1-r (each
+    holds the stage; DeepSeek-V3, arXiv:2412.19437, Sec. 3.2.1)."""
+    run = tuple(i * stride for i in range(size))
+    return Group(2 * size, 1, None, tuple(first + d for d in run) + tuple(second + d for d in run))
 
 
 @dataclass(frozen=True)
@@ -68,6 +85,7 @@ class Placement:
     members: tuple[int, ...]
     hops: tuple[int, ...]
     peers: tuple[int, ...]
+    devices: tuple[int, ...] | None = None  # the group's explicit devices (Group.devices), else None
 
     @cached_property
     def spanned(self) -> tuple[int, ...]:
@@ -84,7 +102,7 @@ class Placement:
     def level_of_round(self, distance: int, xor: bool) -> int:
         """The outermost level any pair of one round crosses: partners k and k XOR d (butterflies, binomial
         trees) or k and (k + d) mod size (Bruck)."""
-        return _round_level(self.size, self.stride, self.domain_sizes, distance, xor)
+        return _round_level(self.size, self.stride, self.domain_sizes, distance, xor, self.devices)
 
 
 def _levels_between(a: np.ndarray, b: np.ndarray, sizes: tuple[int | None, ...]) -> np.ndarray:
@@ -96,29 +114,40 @@ def _levels_between(a: np.ndarray, b: np.ndarray, sizes: tuple[int | None, ...])
     return level
 
 
+def _positions(size: int, stride: int, devices: tuple[int, ...] | None) -> np.ndarray:
+    """Device index of each rank: the explicit `devices`, else 0, stride, ..., (size-1)*stride."""
+    if devices is not None:
+        return np.asarray(devices, dtype=np.int64)
+    return np.arange(size, dtype=np.int64) * stride
+
+
 @lru_cache(maxsize=1024)
-def place(size: int, stride: int, domain_sizes: tuple[int | None, ...]) -> Placement:
-    """Placement of ranks 0, stride, ..., (size-1)*stride on levels of the given domain sizes."""
-    devices = np.arange(size, dtype=np.int64) * stride
+def place(size: int, stride: int, domain_sizes: tuple[int | None, ...],
+          devices: tuple[int, ...] | None = None) -> Placement:
+    """Placement of ranks 0, stride, ..., (size-1)*stride (or of the given `devices`) on levels of the given
+    domain sizes. Rings visit the ranks in order, so the hops of a two-run group cross between runs twice."""
+    devices_at = _positions(size, stride, devices)
     members = []
     for dsize in domain_sizes:
-        members.append(size if dsize is None else int(np.bincount(devices // dsize).max()))
+        members.append(size if dsize is None else int(np.bincount(devices_at // dsize).max()))
     count = len(domain_sizes)
-    ring = _levels_between(devices, np.roll(devices, -1), domain_sizes) if size > 1 else np.zeros(0, int)
-    peer = _levels_between(devices[1:], np.zeros(size - 1, dtype=np.int64), domain_sizes)
+    ring = _levels_between(devices_at, np.roll(devices_at, -1), domain_sizes) if size > 1 else np.zeros(0, int)
+    peer = _levels_between(devices_at[1:], np.full(size - 1, devices_at[0], dtype=np.int64), domain_sizes)
     return Placement(
         size=size, stride=stride, domain_sizes=domain_sizes, members=tuple(members),
         hops=tuple(int(np.sum(ring == j)) for j in range(count)),
-        peers=tuple(int(np.sum(peer == j)) for j in range(count)),
+        peers=tuple(int(np.sum(peer == j)) for j in range(count)), devices=devices,
     )
 
 
 @lru_cache(maxsize=4096)
-def _round_level(size: int, stride: int, sizes: tuple[int | None, ...], distance: int, xor: bool) -> int:
+def _round_level(size: int, stride: int, sizes: tuple[int | None, ...], distance: int, xor: bool,
+                 devices: tuple[int, ...] | None = None) -> int:
     ranks = np.arange(size, dtype=np.int64)
     partners = ranks ^ distance if xor else (ranks + distance) % size
     ok = partners < size
-    levels = _levels_between(ranks[ok] * stride, partners[ok] * stride, sizes)
+    at = _positions(size, stride, devices)
+    levels = _levels_between(at[ranks[ok]], at[partners[ok]], sizes)
     return int(levels.max()) if levels.size else 0
 
 
@@ -148,7 +177,7 @@ class Placed:
             raise CommError("hardware has no network levels")
         self.group = group
         self.levels = levels
-        self.placement = place(int(group.size), int(group.stride), tuple(lv.size for lv in levels))
+        self.placement = place(int(group.size), int(group.stride), tuple(lv.size for lv in levels), group.devices)
         self._memo: dict[Any, Any] = {}
 
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:

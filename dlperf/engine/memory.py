@@ -76,17 +76,33 @@ def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], 
     return _with_totals(hw, plan, states, acts)
 
 
-def dualpipe_per_device(model: Model, hw: Hardware, plan: Plan, devices: list[StageCost], dtype: str) -> dict[str, Any]:
+def dualpipe_per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost],
+                        dtype: str) -> dict[str, Any]:
     """Memory of the fullest DualPipe rank (DeepSeek-V3, arXiv:2412.19437, Table 2: 2x parameters, PP+1
-    micro-batches of activations). `devices` are the ranks' pairs of stages (each StageCost two chunks: both
-    stages' parameters, activations of one micro-batch through each); `plan` has the doubled data-parallel group
-    over which the two copies of a stage reduce and shard their gradients and optimizer states. Activations: PP+1
-    chunks in flight, each a micro-batch through one of the rank's two stages (half a pair's)."""
-    heaviest = max(devices, key=lambda d: d.params)
-    states = _states(heaviest, plan, dtype)
-    acts = (plan.pp + 1) * mathx.maximum(*(d.saved_bytes / 2 for d in devices))
+    micro-batches of activations), each rank counted with the two stages it really holds: rank r keeps stages r
+    and pp-1-r whole (`stages` are the pipeline's stages in order), so both stages' weights, gradients and
+    optimizer states; `plan` has the doubled data-parallel group over which the two copies of a stage reduce and
+    shard them. Activations: rank r's in-flight chunks peak at pp-r micro-batches through stage r and r+1 through
+    stage pp-1-r, PP+1 in all, and both counts reach their maxima at that same moment (counted from
+    deepseek-ai/DualPipe dualpipe/dualpipe.py @3da1bbe, DualPipe.step: the warm-up's forward chunks of each
+    direction less the backward chunks before them), the counts 1F1B gives those two stages."""
+    pp = plan.pp
+    ranks = [_dualpipe_rank(model, hw, plan, (stages[r], stages[pp - 1 - r]), (pp - r, r + 1), dtype)
+             for r in range(pp // 2)]
+    return max(ranks, key=lambda memory: float(memory["total"]))
+
+
+def _dualpipe_rank(model: Model, hw: Hardware, plan: Plan, held: tuple[StageCost, StageCost],
+                   in_flight: tuple[int, int], dtype: str) -> dict[str, Any]:
+    """One DualPipe rank's memory: the model states of its two stages, each stage's activations times the
+    micro-batches in flight through it; under ZeRO-3 a unit of each stage gathered, since a forward chunk of one
+    runs beside a backward chunk of the other."""
+    first, second = held
+    both = first + second
+    states = _states(both, plan, dtype)
+    acts = in_flight[0] * first.saved_bytes + in_flight[1] * second.saved_bytes
     if plan.zero >= 3:
-        states["gathered"] = _zero3_working_set(model, plan, heaviest.params / 2, dtype)  # a unit of one stage
+        states["gathered"] = _zero3_working_set(model, plan, both.params, dtype)
     return _with_totals(hw, plan, states, acts)
 
 

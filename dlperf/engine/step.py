@@ -36,6 +36,9 @@ from dlperf.spec.hardware import DEFAULT_CHANNELS, Hardware
 from dlperf.spec.model import Model, out_shape
 
 DDP_BUCKET_BYTES = mem.DDP_BUCKET_BYTES
+# DualPipe's twin data-parallel group: the first devices of pipeline ranks r and pp-1-r, whose replicas reduce one
+# stage's gradients together (None: an ordinary group, dp ranks tp apart)
+Twin = tuple[int, int] | None
 # Optimizer update per parameter, memory-bound: bytes read + written and FLOPs (fp32 states).
 # Adam reads/writes weight, m, v (3 x 8 B) and reads the gradient; ~12 FLOPs (two moments, bias-corrected step).
 OPTIMIZER_COST = {"sgd": (12, 2), "momentum": (20, 4), "adam": (28, 12)}
@@ -330,7 +333,8 @@ class StepModel:
         collective). Warm-up and cool-down chunks run alone and expose their all-to-alls and sends
         (`dualpipe_pairs` counts the pairs). Idle time is the report's (PP/2-1)(F&B + B - 3W). The two copies of
         a stage reduce their gradients together: gradient synchronisation, ZeRO sharding and the optimizer see a
-        data-parallel group of 2*dp. The busiest rank sets the step (the pass times of its two stages, ties to
+        data-parallel group of 2*dp, priced where its members sit: the dp replicas of rank r and those of rank
+        pp-1-r, (pp-1-2r) stages apart (`_twin_starts`). The busiest rank sets the step (the pass times of its two stages, ties to
         the rank with fewest pairs, at the pipeline's ends)."""
         stages, _, _, boundary = staged
         devices = self._twin_devices(stages, plan.pp)
@@ -347,7 +351,7 @@ class StepModel:
         busy, bubble, p2p, pairs, alone = _dualpipe_time(c, device, m, plan.pp, rank, t_p2p)
         acc, (hide_fwd, hide_bwd) = c.accumulate, c.hidden
         (fwd_p, bwd_p, dev_fwd_p, dev_bwd_p), (fwd_a, bwd_a, dev_fwd_a, dev_bwd_a) = c.paired, c.alone
-        dp_total, dp_exposed = self._dp_over_stages(twin, devices, device, dtype, m / 2)
+        dp_total, dp_exposed = self._dp_over_stages(twin, devices, device, dtype, m / 2, _twin_starts(plan))
         heaviest = max(devices, key=lambda d: d.params)
         fp8_params = heaviest.params * self.fp8_share if dtype == "fp8" else 0
         optimizer = _optimizer_time_split(self.hw, twin, heaviest.params, heaviest.expert_params, fp8_params)
@@ -369,7 +373,7 @@ class StepModel:
             "comm/dp_allreduce": step - compute if plan.consistency != "sync" else dp_exposed,
             "optimizer": optimizer,
         }
-        memory = mem.dualpipe_per_device(self.model, self.hw, twin, devices, dtype) if with_memory else {}
+        memory = mem.dualpipe_per_device(self.model, self.hw, twin, stages, dtype) if with_memory else {}
         return step + optimizer, breakdown, memory, device, dtype, staleness
 
     def _twin_devices(self, stages: list[StageCost], pp: int) -> list[StageCost]:
@@ -414,16 +418,18 @@ class StepModel:
         return self._p2p[key]
 
     def _dp_over_stages(self, plan: Plan, stages: list[StageCost], slow: StageCost, dtype: str,
-                        m: Any) -> tuple[Any, Any]:
+                        m: Any, twins: list[Twin] | None = None) -> tuple[Any, Any]:
         """(total, exposed) data-parallel communication of the step: every stage synchronises its own
         parameters with its own replicas at the same time, so the step waits for the slowest of them, which
         need not be the stage slowest to compute (a VGG's fully connected stage holds 99% of the parameters:
         pricing only the slowest-computing stage's made faster compute pick a different stage and a 480x
         larger allreduce, issue #15). Every stage hides its traffic behind the pipeline's pace, the slowest
         stage's passes, not its own: a faster stage waits for its neighbours while its collectives run (and
-        pricing its own shorter passes let faster hardware expose more traffic than it saves)."""
-        distinct = [self._paced(s, slow) for s in {id(s): s for s in stages}.values()]
-        parts = [_dp_with_micro_batches(self._dp_time(plan, s, dtype), m) for s in distinct]
+        pricing its own shorter passes let faster hardware expose more traffic than it saves). `twins` places
+        each DualPipe rank's group (`_twin_starts`)."""
+        placed = {id(s): (s, t) for s, t in zip(stages, twins or [None] * len(stages), strict=True)}
+        distinct = [(self._paced(s, slow), t) for s, t in placed.values()]
+        parts = [_dp_with_micro_batches(self._dp_time(plan, s, dtype, t), m) for s, t in distinct]
         return mathx.maximum(*(t for t, _ in parts)), mathx.maximum(*(x for _, x in parts))
 
     def _paced(self, stage: StageCost, slow: StageCost) -> StageCost:
@@ -436,17 +442,17 @@ class StepModel:
                                        host_bwd=slow.host_bwd), stage, slow)
         return self._pace[key][0]
 
-    def _dp_time(self, plan: Plan, slow: StageCost, dtype: str) -> tuple[Any, Any, Any, Any]:
+    def _dp_time(self, plan: Plan, slow: StageCost, dtype: str, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
         key = (id(slow), plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
                plan.parameter_server, plan.compression, plan.grad_dtype, dtype, plan.fp8_param_gather, plan.cp,
-               plan.ep, plan.zero_impl)
+               plan.ep, plan.zero_impl, twin)
         if key not in self._dp:
             if plan.zero == 3 and plan.zero_impl == "deepspeed-0.3":
                 self._dp[key] = _deepspeed_zero3(self.hw, plan, slow, dtype, self.comm,
-                                                 zero_impl.tensors(self.model, plan))
+                                                 zero_impl.tensors(self.model, plan), twin)
             else:
                 self._dp[key] = _grad_sync(self.hw, plan, slow, dtype, self.comm,
-                                           mem.gather_units(self.model, plan))
+                                           mem.gather_units(self.model, plan), twin)
         return self._dp[key]
 
     def predict(self, plan: Plan) -> Prediction:
@@ -589,10 +595,33 @@ def _overlap_contention(hw: Hardware, span: int) -> float:
     """Fraction of the compute rate a collective spanning `span` consecutive devices takes while it overlaps
     compute: its NCCL channels (one SM each, NVIDIA/nccl#689) of the device's SMs, at the outermost level it
     crosses. Compute-bound kernels slow down in proportion; the hidden time is charged that fraction."""
+    return _contention_at(hw, _level_for_stride(hw, max(span - 1, 1)))
+
+
+def _contention_at(hw: Hardware, level: int) -> float:
+    """`_overlap_contention` of a collective whose outermost level is `level`."""
     if hw.device.sms is None:
         return 0.0
-    level = hw.network[_level_for_stride(hw, max(span - 1, 1))]
-    return min((level.channels or DEFAULT_CHANNELS) / hw.device.sms, 1.0)
+    return min((hw.network[level].channels or DEFAULT_CHANNELS) / hw.device.sms, 1.0)
+
+
+def _twin_starts(plan: Plan) -> list[Twin]:
+    """For each DualPipe rank r < pp/2, the first devices of pipeline ranks r and pp-1-r. Ranks are laid out as
+    Megatron-Core orders them (tp innermost, then cp, then dp, pp outermost: see `_parallel` and `_p2p_time`), so
+    pipeline rank r's replicas start at r*tp*cp*dp and the two halves of its twin group lie (pp-1-2r) such
+    blocks apart: across nodes whenever those blocks leave a node, however small 2*tp*cp*dp is."""
+    block = plan.tp * plan.cp * plan.data_parallel
+    return [(r * block, (plan.pp - 1 - r) * block) for r in range(plan.pp // 2)]
+
+
+def _replicas(comm: Any, hw: Hardware, plan: Plan, twin: Twin) -> tuple[Any, float]:
+    """(the group a stage's gradients are reduced over, the share of the SMs it takes while overlapped): dp
+    ranks tp apart (the tp field is the stride, see `_expert_group`), or under DualPipe (`twin`) the dp/2
+    replicas at each of the two pipeline ranks that hold the stage, placed where they sit."""
+    if twin is None:
+        return comm.Group(plan.data_parallel, plan.tp), _overlap_contention(hw, plan.tp * plan.data_parallel)
+    group = comm.twin_group(plan.data_parallel // 2, plan.tp, *twin)
+    return group, _contention_at(hw, comm.place_group(group, hw).outer_level())
 
 
 def _ep_contention(hw: Hardware, plan: Plan) -> float:
@@ -634,7 +663,7 @@ def _p2p_time(boundary: Any, hw: Hardware, plan: Plan, e: int, comm: Any) -> flo
 
 
 def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
-             units: int = 1) -> tuple[Any, Any, Any, Any]:
+             units: int = 1, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
     """Gradient synchronisation across dp replicas: (total, exposed) seconds per step, plus the (total,
     exposed) that recur for every micro-batch, so that `_dp_with_micro_batches` scales them by m.
 
@@ -659,10 +688,8 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
         return 0.0, 0.0, 0.0, 0.0
     weight_bytes = params * element_bytes(_weight_dtype(dtype))
     grad_bytes = params * element_bytes(_grad_dtype(plan, dtype))
-    group = comm.Group(dp, plan.tp)
+    group, stolen = _replicas(comm, hw, plan, twin)
     overlap = plan.overlap if plan.overlap is not None else plan.pp == 1
-
-    stolen = _overlap_contention(hw, plan.tp * dp)
     window = slow.backward_window  # a host-bound backward pass lasts longer, and hides more
 
     def hidden_behind(t: Any, window: Any, floor: Any) -> Any:
@@ -730,7 +757,7 @@ def _zero3_per_micro(comm: Any, hw: Hardware, group: Any, weight_bytes: float, g
 
 
 def _deepspeed_zero3(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
-                     tensors: zero_impl.Tensors) -> tuple[Any, Any, Any, Any]:
+                     tensors: zero_impl.Tensors, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
     """`_dp_comm` for ZeRO-3 as DeepSpeed v0.3 runs it (dlperf.engine.zero_impl): the gathers and the gradient
     allreduce recur per micro-batch, the optimizer step's re-gather of the persistent tensors once per step."""
     dp = plan.data_parallel
@@ -738,8 +765,7 @@ def _deepspeed_zero3(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm
         return 0.0, 0.0, 0.0, 0.0
     weight = element_bytes(_weight_dtype(dtype))
     grad = element_bytes(_grad_dtype(plan, dtype))
-    stolen = _overlap_contention(hw, plan.tp * dp)
-    group = comm.Group(dp, plan.tp)
+    group, stolen = _replicas(comm, hw, plan, twin)
     micro = zero_impl.per_micro(comm, hw, plan, group, weight, grad, tensors, slow.forward_window, slow.recompute,
                                 slow.backward_window, stolen)
     # once per step, the optimizer step's re-gather of the persistent tensors; every later micro-batch of the
@@ -760,20 +786,21 @@ def _pipelined(comm_unit: Any, compute_unit: Any, units: int, tail: Any, stolen:
 
 
 def _grad_sync(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
-               units: Any) -> tuple[Any, Any, Any, Any]:
+               units: Any, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
     """Gradient synchronisation with context and expert parallelism (Megatron-Core's groups): context-parallel
     ranks hold the same weights, so dense gradients are reduced (and ZeRO-sharded) over dp*cp ranks, tp apart;
     the routed experts' gradients over the expert-data-parallel group, dp*cp/ep ranks tp*cp*ep apart, in the
-    backward time the dense reduction leaves. Without either it is `_dp_comm` unchanged."""
+    backward time the dense reduction leaves. Without either it is `_dp_comm` unchanged. Under DualPipe each
+    group has its replicas at two pipeline ranks (`twin`), half of them at each."""
     if plan.cp == 1 and mathx.is_zero(slow.expert_params):
-        return _dp_comm(hw, plan, slow, dtype, comm, units)
+        return _dp_comm(hw, plan, slow, dtype, comm, units, twin)
     dense = replace(slow, synced_params=slow.dp_params - slow.expert_params)
-    parts = _dp_comm(hw, _dense_group(plan), dense, dtype, comm, units)
+    parts = _dp_comm(hw, _dense_group(plan), dense, dtype, comm, units, twin)
     if mathx.is_zero(slow.expert_params):
         return parts
     window = mathx.maximum(slow.backward_window - parts[0] - parts[2], 0.0)
     experts = replace(slow, synced_params=slow.expert_params, backward=window, host_bwd=0.0)
-    more = _dp_comm(hw, _expert_group(plan), experts, dtype, comm, units)
+    more = _dp_comm(hw, _expert_group(plan), experts, dtype, comm, units, twin)
     return tuple(a + b for a, b in zip(parts, more, strict=True))
 
 
