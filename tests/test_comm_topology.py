@@ -18,7 +18,7 @@ from dlperf.comm import CommError, Group, algorithm_times, best_algorithm, colle
 from dlperf.comm import collectives as C
 from dlperf.comm import nccl as N
 from dlperf.comm.hierarchical import CATALOGUE
-from dlperf.comm.topology import place, place_group
+from dlperf.comm.topology import place, place_group, twin_group
 from dlperf.spec.hardware import hardware_from_dict
 
 A0, B0, A1, B1 = 2e-6, 1e-11, 10e-6, 1e-10
@@ -51,6 +51,33 @@ def test_placement_counts_by_hand() -> None:
     assert (p.members, p.hops, p.peers, p.factors) == ((4, 8), (6, 2), (3, 4), ((0, 4), (1, 2)))
     assert [p.level_of_round(d, True) for d in (1, 2, 4)] == [0, 0, 1]
     assert place(16, 1, (8, None)).level_of_round(1, False) == 1  # Bruck: rank 7 -> 8 crosses
+
+
+def test_twin_group_placement_by_hand() -> None:
+    """DualPipe's twin group of a tp=1, dp=2, pp=8 plan, pipeline rank 0: its replicas (devices 0, 1) and those of
+    rank 7 (14, 15). Four ranks, 4 <= 8 per node, yet two per node on two nodes; ring 0-1 and 14-15 inside, 1-14
+    and 15-0 across; a butterfly's distance-1 rounds stay inside, its distance-2 round crosses."""
+    group = twin_group(2, 1, 0, 14)
+    assert group.devices == (0, 1, 14, 15) and group.size == 4
+    p = place_group(group, HW).placement
+    assert (p.members, p.hops, p.peers, p.spanned, p.factors) == ((2, 4), (2, 2), (1, 2), (0, 1), ((0, 2), (1, 2)))
+    assert [p.level_of_round(d, True) for d in (1, 2)] == [0, 1]
+    # the mirror rank in the same node (pp 4: ranks 0 and 3 hold devices 0, 1 and 6, 7): one level, as Group(4)
+    inside = place_group(twin_group(2, 1, 0, 6), HW).placement
+    assert (inside.members, inside.hops, inside.spanned) == ((4, 4), (4, 0), (0,))
+    # a ring over both levels (textbook ring allreduce 2(P-1) alpha + 2(P-1)/P n beta): alpha the mean hop,
+    # (A0 + A1)/2, beta the busiest link, 2/4 of the hops at B1
+    n = 1e9
+    expected = 6 * (A0 + A1) / 2 + 1.5 * n * 0.5 * B1
+    assert collective_time("allreduce", n, group, HW, "ring") == pytest.approx(expected, rel=1e-12)
+    assert collective_time("allreduce", n, Group(4), HW, "ring") == pytest.approx(6 * A0 + 1.5 * n * B0, rel=1e-12)
+    assert collective_time("allreduce", n, twin_group(2, 1, 0, 6), HW) == collective_time("allreduce", n, Group(4), HW)
+
+
+def test_group_rejects_bad_devices() -> None:
+    for bad in ((0, 1, 2), (0, 2, 1, 3), (0, 1, 1, 2), (-1, 0, 1, 2), (0, 1, 2.0, 3)):
+        with pytest.raises(CommError, match="group devices"):
+            Group(4, devices=bad)
 
 
 def test_group_rejects_bad_sizes() -> None:

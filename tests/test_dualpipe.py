@@ -192,3 +192,111 @@ def test_step_is_set_by_the_busiest_rank():
     compute = sum(v for k, v in r.breakdown_s.items() if k not in ("comm/dp_allreduce", "optimizer"))
     assert len(set(per_rank)) > 1
     assert compute == pytest.approx(max(per_rank), rel=1e-9)
+
+
+# A small GPT (8 layers, hidden 1024): 12h^2 + 13h parameters per layer, embeddings (vocab + seq) h on the first
+# stage, the final LayerNorm (2h) on the last, the output layer tied to the embedding (models/gpt.yaml).
+GPT_SET = {"layers": 8, "hidden": 1024, "heads": 16, "seq": 1024}
+
+
+def _gpt_params_by_stage(pp: int) -> list[int]:
+    h, s, vocab, layers = 1024, 1024, 50257, 8
+    per_stage = layers // pp * (12 * h * h + 13 * h)
+    return [per_stage + (vocab + s) * h * (r == 0) + 2 * h * (r == pp - 1) for r in range(pp)]
+
+
+def _slower_network(hw, level: int, factor: float):
+    from dataclasses import replace
+
+    network = list(hw.network)
+    network[level] = replace(network[level], bandwidth=network[level].bandwidth / factor)
+    return replace(hw, network=tuple(network))
+
+
+@pytest.mark.parametrize(("pp", "crosses"), [(8, True), (4, False)])
+def test_twin_group_reduces_where_its_members_sit(pp, crosses):
+    """tp 1, dp 2: a twin group of 2 * tp * dp = 4 ranks, which fits in a DGX's 8 GPUs. Ranks are laid out tp,
+    dp, then pp (pipeline rank r on devices 2r, 2r+1), so at pp 8 rank r's mirror 7-r sits on the other node: the
+    group is two GPUs on each of two nodes and its allreduce (exposed: pp > 1, no overlap) pays InfiniBand; at pp
+    4 the whole pipeline is one node and the group stays on NVLink. Hand count: the largest over the ranks of
+    the bf16 gradient allreduce of the rank's two stages over its four devices."""
+    from dlperf.comm import Group, collective_time
+
+    model, hw = load_model("gpt", GPT_SET), load_hardware("dgx-a100")
+    plan = Plan(devices=2 * pp, tp=1, pp=pp, global_batch=4 * pp, micro_batch=1, schedule="dualpipe", dtype="bf16")
+    params = _gpt_params_by_stage(pp)
+
+    def expected(hw):
+        return max(collective_time("allreduce", 2 * (params[r] + params[pp - 1 - r]),
+                                   Group(4, devices=(2 * r, 2 * r + 1, 2 * (pp - 1 - r), 2 * (pp - 1 - r) + 1)), hw)
+                   for r in range(pp // 2))
+
+    exposed = predict(model, hw, plan).breakdown_s["comm/dp_allreduce"]
+    assert exposed == pytest.approx(expected(hw), rel=1e-9)
+    slow_ib = _slower_network(hw, 1, 2.0)
+    again = predict(model, slow_ib, plan).breakdown_s["comm/dp_allreduce"]
+    assert again == pytest.approx(expected(slow_ib), rel=1e-9)
+    inside = max(collective_time("allreduce", 2 * (params[r] + params[pp - 1 - r]), Group(4), hw)
+                 for r in range(pp // 2))
+    if crosses:  # half the InfiniBand bandwidth: a slower reduction, well above the one-node group's
+        assert again > 1.5 * exposed and exposed > 2 * inside
+    else:
+        assert again == exposed == pytest.approx(inside, rel=1e-12)
+
+
+def _chunks_in_flight(pp: int, m: int, rank: int) -> tuple[int, int]:
+    """The most chunks rank `rank` (< pp/2) holds through each of its two stages, walking the eight steps of
+    deepseek-ai/DualPipe dualpipe/dualpipe.py @3da1bbe (DualPipe.step): a forward chunk of phase p keeps its
+    activations until that micro-batch's backward chunk of phase p; phase 0 is stage `rank`, phase 1 stage
+    pp-1-rank. Returns the counts at the moment the total peaks, checking each count peaks there too."""
+    half, held, seen = pp // 2, [0, 0], []
+
+    def run(*chunks: tuple[str, int]) -> None:
+        for kind, phase in chunks:
+            held[phase] += 1 if kind == "F" else -1
+            seen.append(tuple(held))
+
+    for _ in range(2 * (half - rank - 1)):
+        run(("F", 0))
+    for _ in range(rank + 1):
+        run(("F", 0), ("F", 1))
+    for _ in range(half - rank - 1):
+        run(("B", 1), ("F", 1))
+    for _ in range(m // 2 - pp + rank + 1):
+        run(("F", 0), ("B", 1), ("F", 1), ("B", 0))
+    for _ in range(half - rank - 1):
+        run(("B", 1), ("F", 1), ("B", 0))
+    for _ in range(rank + 1):
+        run(("B", 1), ("B", 0))
+    for _ in range(half - rank - 1):
+        run(("B", 0))
+    assert held == [0, 0]
+    peak = max(seen, key=sum)
+    assert peak == (max(a for a, _ in seen), max(b for _, b in seen))
+    return peak
+
+
+def test_memory_is_the_fullest_ranks_own_sum():
+    """Hand count on a small GPT at pp 4, dp 2, ZeRO-1, bf16 Adam: rank 0 holds stages 0 (embeddings) and 3 and is
+    the fullest. Weights and gradients: 2 bytes for each parameter of both stages; optimizer: 12 bytes (fp32 master,
+    two moments) sharded over the twin group of 2 * dp = 4. Activations: each stage's per-micro-batch activations
+    times the chunks in flight through it at the rank's peak (pp-r through stage r, r+1 through stage pp-1-r: PP+1
+    in all, Table 2), the larger over the ranks -- not PP+1 times the two stages' average, which a last stage
+    holding the output layer's logits (50257 per token, against 1024 per token for a layer's outputs) overstates."""
+    model, hw = load_model("gpt", GPT_SET), load_hardware("dgx-a100")
+    pp, m = 4, 8
+    plan = Plan(devices=8, tp=1, pp=pp, global_batch=2 * m, micro_batch=1, zero=1, schedule="dualpipe",
+                dtype="bf16")
+    memory = predict(model, hw, plan).memory
+    params = _gpt_params_by_stage(pp)
+    held = params[0] + params[3]
+    assert memory["weights"] == pytest.approx(2 * held, rel=1e-12)
+    assert memory["gradients"] == pytest.approx(2 * held, rel=1e-12)
+    assert memory["optimizer"] == pytest.approx(12 * held / 4, rel=1e-12)
+    counts = [_chunks_in_flight(pp, m, r) for r in range(pp // 2)]
+    assert counts == [(4, 1), (3, 2)]
+    saved = [s.saved_bytes for s in StepModel(model, hw).stages(plan, "bf16", 2)[0]]
+    acts = max(a * saved[r] + b * saved[pp - 1 - r] for r, (a, b) in enumerate(counts))
+    assert memory["activations"] == pytest.approx(acts, rel=1e-12)
+    assert saved[3] > 1.5 * saved[0]  # the logits: the averaged count, (pp+1)/2 * (A0 + A3), is 22% more here
+    assert (pp + 1) * (saved[0] + saved[3]) / 2 > 1.2 * acts
