@@ -58,7 +58,7 @@ class Group:
         devices = self.devices
         if devices is not None and (len(devices) != self.size or any(
                 isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0 for d in devices)
-                or any(b <= a for a, b in zip(devices, devices[1:]))):
+                or any(b <= a for a, b in zip(devices[:-1], devices[1:], strict=True))):
             raise CommError("group devices", expected=f"{self.size} ascending device indices >= 0", found=devices)
 
 

@@ -334,8 +334,9 @@ class StepModel:
         (`dualpipe_pairs` counts the pairs). Idle time is the report's (PP/2-1)(F&B + B - 3W). The two copies of
         a stage reduce their gradients together: gradient synchronisation, ZeRO sharding and the optimizer see a
         data-parallel group of 2*dp, priced where its members sit: the dp replicas of rank r and those of rank
-        pp-1-r, (pp-1-2r) stages apart (`_twin_starts`). The busiest rank sets the step (the pass times of its two stages, ties to
-        the rank with fewest pairs, at the pipeline's ends)."""
+        pp-1-r, (pp-1-2r) stages apart (`_twin_starts`). The busiest rank sets the step (the pass times of its two
+        stages, ties to the rank with fewest pairs, at the pipeline's ends). Memory is the fullest rank's own:
+        its two stages' states and the chunks in flight through each (`memory.dualpipe_per_device`)."""
         stages, _, _, boundary = staged
         devices = self._twin_devices(stages, plan.pp)
         twin = plan.with_(dp=2 * plan.data_parallel)
