@@ -62,10 +62,12 @@ class Group:
             raise CommError("group devices", expected=f"{self.size} ascending device indices >= 0", found=devices)
 
 
+@lru_cache(maxsize=1024)
 def twin_group(size: int, stride: int, first: int, second: int) -> Group:
     """Two runs of `size` ranks `stride` apart, starting at devices `first` < `second`: the group over which
     DualPipe reduces a stage's gradients, the replicas of pipeline rank r and of its mirror rank pp-1-r (each
-    holds the stage; DeepSeek-V3, arXiv:2412.19437, Sec. 3.2.1)."""
+    holds the stage; DeepSeek-V3, arXiv:2412.19437, Sec. 3.2.1). Memoised: a search prices the same groups for
+    many plans, and checking a long member list each time would cost more than the pricing."""
     run = tuple(i * stride for i in range(size))
     return Group(2 * size, 1, None, tuple(first + d for d in run) + tuple(second + d for d in run))
 
