@@ -300,3 +300,26 @@ def test_memory_is_the_fullest_ranks_own_sum():
     assert memory["activations"] == pytest.approx(acts, rel=1e-12)
     assert saved[3] > 1.5 * saved[0]  # the logits: the averaged count, (pp+1)/2 * (A0 + A3), is 22% more here
     assert (pp + 1) * (saved[0] + saved[3]) / 2 > 1.2 * acts
+
+
+def test_twin_groups_with_context_and_expert_parallelism():
+    """tp 2, cp 2, dp 4, ep 4, pp 4: a pipeline rank is 16 devices. The dense twin group of rank 0 is its dp*cp = 8
+    replicas 2 (tp) apart plus rank 3's; the experts' is dp*cp/ep = 2 replicas per rank, tp*ep = 8 apart
+    (Megatron-Core's expert ranks: tp, ep, then dp, cp folded in), each half inside its own pipeline rank's devices
+    (a stride of tp*cp*ep = 16 would have put rank 1's second replica on rank 2, which holds its mirror)."""
+    from dlperf.comm import place_group
+    from dlperf.comm import topology as comm
+    from dlperf.engine.step import _dense_group, _expert_group, _replicas, _twin_starts
+
+    hw = load_hardware("dgx-h100")
+    plan = Plan(devices=64, tp=2, cp=2, pp=4, ep=4, global_batch=64, micro_batch=1, zero=1, schedule="dualpipe")
+    twin = plan.with_(dp=2 * plan.data_parallel)
+    starts = _twin_starts(plan)
+    assert starts == [(0, 48, 16), (16, 32, 16)]
+    dense = [_replicas(comm, hw, _dense_group(twin), t)[0].devices for t in starts]
+    experts = [_replicas(comm, hw, _expert_group(twin), t)[0].devices for t in starts]
+    assert dense[0] == (*range(0, 16, 2), *range(48, 64, 2))
+    assert experts == [(0, 8, 48, 56), (16, 24, 32, 40)]
+    # 8 apart on 8-GPU nodes: one member per node, four nodes
+    assert place_group(comm.Group(4, devices=experts[1]), hw).placement.members == (1, 4)
+    assert predict(load_model("mixtral-8x7b"), hw, plan).step_time_s > 0

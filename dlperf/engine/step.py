@@ -37,8 +37,8 @@ from dlperf.spec.model import Model, out_shape
 
 DDP_BUCKET_BYTES = mem.DDP_BUCKET_BYTES
 # DualPipe's twin data-parallel group: the first devices of pipeline ranks r and pp-1-r, whose replicas reduce one
-# stage's gradients together (None: an ordinary group, dp ranks tp apart)
-Twin = tuple[int, int] | None
+# stage's gradients together, and the devices of one pipeline rank (None: an ordinary group, dp ranks tp apart)
+Twin = tuple[int, int, int] | None
 # Optimizer update per parameter, memory-bound: bytes read + written and FLOPs (fp32 states).
 # Adam reads/writes weight, m, v (3 x 8 B) and reads the gradient; ~12 FLOPs (two moments, bias-corrected step).
 OPTIMIZER_COST = {"sgd": (12, 2), "momentum": (20, 4), "adam": (28, 12)}
@@ -612,16 +612,21 @@ def _twin_starts(plan: Plan) -> list[Twin]:
     pipeline rank r's replicas start at r*tp*cp*dp and the two halves of its twin group lie (pp-1-2r) such
     blocks apart: across nodes whenever those blocks leave a node, however small 2*tp*cp*dp is."""
     block = plan.tp * plan.cp * plan.data_parallel
-    return [(r * block, (plan.pp - 1 - r) * block) for r in range(plan.pp // 2)]
+    return [(r * block, (plan.pp - 1 - r) * block, block) for r in range(plan.pp // 2)]
 
 
 def _replicas(comm: Any, hw: Hardware, plan: Plan, twin: Twin) -> tuple[Any, float]:
     """(the group a stage's gradients are reduced over, the share of the SMs it takes while overlapped): dp
     ranks tp apart (the tp field is the stride, see `_expert_group`), or under DualPipe (`twin`) the dp/2
-    replicas at each of the two pipeline ranks that hold the stage, placed where they sit."""
+    replicas at each of the two pipeline ranks that hold the stage, placed where they sit. Each half spreads
+    evenly over its pipeline rank's devices: the dense group's dp*cp ranks tp apart, the experts' dp*cp/ep ranks
+    tp*ep apart (Megatron-Core's expert ranks fold cp into dp, order tp-ep-dp-pp: megatron/core/parallel_state.py,
+    expert_decoder_rank_generator with cp=1), which is `_expert_group`'s tp*cp*ep when cp = 1."""
     if twin is None:
         return comm.Group(plan.data_parallel, plan.tp), _overlap_contention(hw, plan.tp * plan.data_parallel)
-    group = comm.twin_group(plan.data_parallel // 2, plan.tp, *twin)
+    first, second, block = twin
+    half = plan.data_parallel // 2
+    group = comm.twin_group(half, block // half, first, second)
     return group, _contention_at(hw, comm.place_group(group, hw).outer_level())
 
 
