@@ -23,7 +23,9 @@ partition_parameters.py, S3 = deepspeed/runtime/zero/stage3.py, C = deepspeed/ru
   live sum of every gathered tensor: a fetch adds the module's tensors (L391) before the prefetch test (the
   pre-forward hook fetches, then prefetches, L1135-1152), a release subtracts them (L439), and a tensor kept for
   later (below) stays in it. So a gather hides behind the compute of the module before it only when that
-  module's tensors plus those still kept hold fewer than 1e9 elements (`_live_before`).
+  module's tensors plus those still kept hold fewer than 1e9 elements (`_held`). The persistent tensors, which
+  enter that total as later micro-batches fetch them, are left out: 13 x hidden per layer, 2.8e7 elements for
+  530B (105 layers at hidden 20480), under 3% of the cap.
 - Recomputation: a checkpointed block's forward rerun in the backward pass fires the same pre-forward hooks (S3
   `pre_sub_module_forward_function`, L1135-1152), so it gathers again; after the rerun a tensor is kept for its
   backward only if fewer than `stage3_max_reuse_distance` (1e9 elements, C L91) are used in between (S3
