@@ -115,6 +115,33 @@ def test_full_recompute_reruns_the_blocks_only(gpt, a100):
     assert full["compute/recompute"] < full["compute/forward"]
 
 
+def test_step_flops_count_the_recomputation_the_engine_reruns():
+    """Narayanan et al. 2021 eq. 3 counts a transformer layer's GEMMs four times under full recomputation and the
+    output layer's logits three times (6BshV: the head is not rerun): 96Bslh^2 (1 + s/6h + V/16lh). dlperf's matrix
+    FLOPs meet it as closely as they meet the no-recomputation form, 72Bslh^2 (1 + s/6h + V/12lh)."""
+    from dlperf.engine.step import step_flops
+
+    B, s, layers, h, V = 1536, 2048, 96, 12288, 51200
+    model = load_model("gpt", {"hidden": h, "heads": 96, "layers": layers, "seq": s, "vocab": V})
+    full = step_flops(model, Plan(devices=8, global_batch=B, recompute="full"), 2)[2]
+    none = step_flops(model, Plan(devices=8, global_batch=B, recompute="none"), 2)[2]
+    eq3 = 96 * B * s * layers * h**2 * (1 + s / (6 * h) + V / (16 * layers * h))
+    without = 72 * B * s * layers * h**2 * (1 + s / (6 * h) + V / (12 * layers * h))
+    assert abs(none / without - 1) < 2e-5
+    assert full / eq3 - 1 == pytest.approx(none / without - 1, abs=1e-5)
+
+
+def test_a_model_without_blocks_reruns_nothing_in_time_or_flops(a100):
+    """AlexNet is a plain sequence of layers, no block for full recomputation to checkpoint: the engine reruns
+    nothing, so the FLOPs with recomputation are the FLOPs without."""
+    from dlperf.engine.step import step_flops
+
+    model = load_model("alexnet")
+    full, none = (Plan(global_batch=64, recompute=r) for r in ("full", "none"))
+    assert predict(model, a100, full).breakdown_s["compute/recompute"] == 0
+    assert step_flops(model, full, 2) == step_flops(model, none, 2)
+
+
 @pytest.mark.parametrize("name,pps", [("vgg16", (1, 2, 3)), ("bert-large", (1, 4, 5))])
 def test_what_full_recompute_reruns_does_not_depend_on_the_pipeline_split(a100, name, pps):
     """A layer directly inside a block (a post-LN LayerNorm, a VGG convolution) stays inside it when a balanced

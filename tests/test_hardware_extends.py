@@ -134,3 +134,62 @@ def test_fuzzed_extending_files_load_or_raise_a_spec_error(tmp_path: Path, exten
         load_hardware(path)
     except SpecError as err:
         assert "\n" not in str(err) and str(err)
+        assert err.line and err.file in (path, str(load_hardware(extends).path) if extends in BASES else path), \
+            str(err)  # one located line: this file's, or a built-in base's
+
+
+BASES = ("dgx-a100", "a100-40gb", "cpu-local")
+
+
+NULL_DROPS = [
+    # (the extending file's body after `extends: dgx-a100`, the line of the null, the field it drops)
+    ("name: c\nnetwork: null\n", 3, "network"),
+    ("name: c\ndevice: null\n", 3, "device"),
+    ("name: null\n", 2, "name"),
+    ("name: c\ndevice:\n  memory: 40 GiB\n  memory_bandwidth: null\n", 5, "device.memory_bandwidth"),
+    ("name: c\ndevice:\n  sms: 100\n  peak_flops:\n    fp16: 300 TFLOP/s\n    fp32: null\n", 7,
+     "device.peak_flops.fp32"),
+    ("name: c\ndevice:\n  efficiency:\n    matmul:\n      half: 1 GFLOP\n      peak: null\n", 7,
+     "device.efficiency.matmul.peak"),
+    ("name: c\nnetwork: null\nprice_per_device_hour: 3\n", 3, "network"),
+]
+
+
+@pytest.mark.parametrize(("body", "line", "field"), NULL_DROPS)
+def test_a_null_that_drops_a_required_key_is_reported_at_the_null(tmp_path: Path, body: str, line: int,
+                                                                  field: str) -> None:
+    """`key: null` drops the base's value (the merge rule); where the key is required, the one line names the
+    null's own line and the dotted field, not the mapping's first line (reviewer: `network: null` said line 1)."""
+    child = _write(tmp_path / "child.yaml", "extends: dgx-a100\n" + body)
+    err = _error(child)
+    assert (err.file, err.line, err.field) == (child, line, field)
+    assert "a null drops the base's value" in str(err) and "expected a value" in str(err) and "\n" not in str(err)
+
+
+def test_a_null_dropped_in_a_middle_base_names_that_base(tmp_path: Path) -> None:
+    middle = _write(tmp_path / "middle.yaml", "extends: dgx-a100\nname: m\nsource: x\nnetwork: null\n")
+    err = _error(_write(tmp_path / "child.yaml", "extends: middle.yaml\nname: c\n"))
+    assert (err.file, err.line, err.field) == (middle, 4, "network")
+
+
+@pytest.mark.parametrize(("key", "value"), [("network", "null"), ("device", "null"), ("device", "7")])
+def test_a_null_section_in_a_plain_file_is_reported_at_its_key(tmp_path: Path, key: str, value: str) -> None:
+    """No base: `network: null` stays null, which carries no line of its own; the key's line is given."""
+    text = Path(load_hardware("dgx-a100").path).read_text()
+    lines = text.splitlines()
+    at = next(i for i, s in enumerate(lines) if s.startswith(f"{key}:"))
+    end = next((i for i in range(at + 1, len(lines)) if lines[i] and not lines[i][0].isspace()), len(lines))
+    path = _write(tmp_path / "plain.yaml", "\n".join(lines[:at] + [f"{key}: {value}"] + lines[end:]) + "\n")
+    err = _error(path)
+    assert (err.file, err.line, err.field) == (path, at + 1, key)
+
+
+@pytest.mark.parametrize("body", [body for body, _, _ in NULL_DROPS])
+def test_the_cli_reports_a_dropped_key_in_one_line_with_exit_2(tmp_path: Path, body: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    child = _write(tmp_path / "child.yaml", "extends: dgx-a100\n" + body)
+    with pytest.raises(SystemExit) as info:
+        main(["show", child])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"{child}:" in err and "a null drops the base's value" in err

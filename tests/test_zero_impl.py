@@ -47,9 +47,55 @@ def test_tensors_follow_the_persistence_threshold_and_megatrons_modules(gpt3):
 
 
 def test_a_tensor_stays_gathered_after_its_rerun_only_within_the_reuse_distance():
-    # the backward walks the block in reverse: fc2 is used right after the rerun, fc1 after fc2 (6e8 < 1e9),
-    # dense after both MLP weights (1.2e9), query_key_value after three tensors
-    assert zero_impl._kept_after_rerun([4.5e8, 1.5e8, 6e8, 6e8]) == [False, False, True, True]
+    # DeepSpeed's trace between a tensor's rerun and its backward holds the rerun of every later tensor and then
+    # their backward (S3 L222-271 @12a53b43): fc2 is used right after its rerun (0 < 1e9), fc1 after fc2's rerun
+    # and backward (2 x 6e8 = 1.2e9: released), dense after both MLP weights twice, query_key_value after three
+    assert zero_impl._kept_after_rerun([4.5e8, 1.5e8, 6e8, 6e8]) == [False, False, False, True]
+    # 2 x 4.9e8 = 9.8e8 is within the distance, 2 x 5.1e8 is not
+    assert zero_impl._kept_after_rerun([1e8, 4.9e8]) == [True, True]
+    assert zero_impl._kept_after_rerun([1e8, 5.1e8]) == [False, True]
+
+
+class PerByte:
+    """A communicator whose gathers take 1 s per 1e9 bytes and whose allreduce is free."""
+
+    Group = staticmethod(lambda size, stride=1: type("G", (), {"size": size})())
+
+    @staticmethod
+    def collective_time(op, nbytes, *_args):
+        return nbytes / 1e9 if op == "allgather" else 0.0
+
+
+def test_the_prefetch_cap_counts_every_gathered_tensor_not_the_issuers_alone(hw):
+    """stage3_max_live_parameters caps the live total of gathered elements (S3 L319 `total_available_parameter_
+    numel`, which a tensor kept from its rerun stays in): in the rerun of a block [8e8, 2.4e8, 2.4e8], all three
+    are kept (2 x 4.8e8 < 1e9), so when the second tensor's module prefetches the third 8e8 + 2.4e8 >= 1e9
+    elements are live: that gather is not prefetched and shows, though the issuer alone holds only 2.4e8."""
+    plan = Plan(devices=8, dp=8, zero=3, global_batch=8, recompute="full", zero_impl="deepspeed-0.3")
+    block = [(8e8, 2), (2.4e8, 2), (2.4e8, 2)]
+    slices = zero_impl._slices(hw, PerByte.Group(8))
+    big = 1e6  # compute windows long enough to hide any prefetched gather
+    total, shown = zero_impl.per_micro(PerByte, hw, plan, PerByte.Group(8), 1.0, 2.0, (block, [], 2.56e9),
+                                       big, big, big)
+    # forward and rerun gather all three in both blocks, the backward none (all kept): 12 gathers
+    assert total == pytest.approx(2 * 2 * (0.8 + 0.24 + 0.24) + 12 * slices)
+    assert shown == pytest.approx(2 * 0.24 + 12 * slices)  # the third tensor's rerun gather, in both blocks
+    # under the cap (the first tensor 7e8: 7e8 + 2.4e8 < 1e9) every gather hides
+    _, hidden = zero_impl.per_micro(PerByte, hw, plan, PerByte.Group(8), 1.0, 2.0,
+                                    ([(7e8, 2), (2.4e8, 2), (2.4e8, 2)], [], 2.36e9), big, big, big)
+    assert hidden == pytest.approx(12 * slices)
+
+
+def test_gpt3_175b_regathers_fc1_after_its_rerun(hw):
+    """GPT-3 175B at tp 1: fc1 (4h^2 = 6.04e8) is used again after fc2's rerun and backward (1.21e9 > 1e9), so
+    the backward pass gathers query_key_value, dense and fc1 again: 3 of the 4 tensors, every block."""
+    gpt3 = load_model("gpt", GPT3)
+    plan = Plan(devices=64, dp=64, zero=3, global_batch=64, recompute="full", zero_impl="deepspeed-0.3")
+    tensors = zero_impl.tensors(gpt3, plan)
+    total, _ = zero_impl.per_micro(NoLink, hw, plan, NoLink.Group(64), 2, 2, tensors, 1.0, 1.0, 1.0)
+    per_rank = zero_impl._slices(hw, NoLink.Group(64))
+    # forward 4 + rerun 4 + backward 3, in 96 blocks; the two embeddings forward and backward
+    assert total == pytest.approx((96 * 11 + 4) * per_rank)
 
 
 class NoLink:

@@ -968,18 +968,21 @@ def step_flops(model: Model, plan: Plan, e: int) -> tuple[float, float, float]:
     recomputes inside its backward (FlashAttention).
     matrix: GEMM and convolution FLOPs only, recomputation included: the convention of Megatron-LM's published
     TF/s (Narayanan et al. 2021, eq. 3 counts only the matrix multiplications).
+    What recomputation repeats is what the step-time engine reruns (stage_cost's rule, `_recomputed`): full
+    recomputation reruns the blocks' forward, not the embeddings, output layer and loss around them, as eq. 3
+    counts the output layer's logits three times (6BshV, no rerun) where a transformer layer's GEMMs are counted
+    four times.
     """
-    from dlperf.engine.stage import ATTENTION_CORE
+    from dlperf.engine.stage import _recomputed
     from dlperf.ops import OPS
 
     model_total = ran = recompute = matrix = matrix_again = inside = 0.0
     modules = frozenset(plan.recompute_modules)
-    for layer, count in model.counted():
+    for use in tp_uses(model):
+        layer, count = use.layer, use.count
         rerun = rerun_kernels(layer, modules) if modules else frozenset()
         for kernel in OPS[layer.op].kernels(layer, 1, e):
-            again = plan.recompute in ("full", "except_last") or (
-                plan.recompute == "selective" and kernel.name in ATTENTION_CORE and not layer.get("flash")) or \
-                reruns(rerun, kernel.name)
+            again = _recomputed(plan.recompute, use, kernel) or reruns(rerun, kernel.name)
             extra = kernel.cost.fwd_flops if again else 0.0
             model_total += count * kernel.cost.work * kernel.model_work_scale  # causal flash: the whole matrix
             ran += count * kernel.cost.work

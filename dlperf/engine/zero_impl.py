@@ -19,12 +19,22 @@ partition_parameters.py, S3 = deepspeed/runtime/zero/stage3.py, C = deepspeed/ru
 - Prefetch: after a module is fetched, the next not-yet-gathered tensors (at least one, up to
   `stage3_prefetch_bucket_size` 5e7 elements, C L94) are gathered asynchronously while that module computes, but
   only when no gather is in flight and fewer than `stage3_max_live_parameters` (1e9 elements, C L87) are gathered
-  (S3 `prefetch_next_sub_modules`, L312-334): a gather hides behind the compute of the module before it only when
-  that module holds fewer than 1e9 gathered elements.
+  (S3 `prefetch_next_sub_modules`, L312-334, tests `total_available_parameter_numel` at L319). That total is the
+  live sum of every gathered tensor: a fetch adds the module's tensors (L391) before the prefetch test (the
+  pre-forward hook fetches, then prefetches, L1135-1152), a release subtracts them (L439), and a tensor kept for
+  later (below) stays in it. So a gather hides behind the compute of the module before it only when that
+  module's tensors plus those still kept hold fewer than 1e9 elements (`_held`). The persistent tensors, which
+  enter that total as later micro-batches fetch them, are left out: 13 x hidden per layer, 2.8e7 elements for
+  530B (105 layers at hidden 20480), under 3% of the cap.
 - Recomputation: a checkpointed block's forward rerun in the backward pass fires the same pre-forward hooks (S3
   `pre_sub_module_forward_function`, L1135-1152), so it gathers again; after the rerun a tensor is kept for its
   backward only if fewer than `stage3_max_reuse_distance` (1e9 elements, C L91) are used in between (S3
-  `_keep_for_later`, L464-470), else released (`release_sub_module`, L413-453) and gathered a third time.
+  `_keep_for_later`, L464-470), else released (`release_sub_module`, L413-453) and gathered a third time. "In
+  between" is read off the recorded module trace (`get_reuse_distance_in_numel`, L222-261: from the step after
+  the release to the module's next entry; `_distance_in_numel`, L263-271, adds every module's parameters once per
+  trace entry). Both the rerun and the backward hooks record into that trace (`record_trace` at L1139 and L1164),
+  so between a module's rerun and its backward lie the rerun of every later module of the block and then the
+  backward of each of them: each later tensor counts twice (`_kept_after_rerun`).
 - Persistent tensors: every backward pass ends by partitioning all parameters, persistent ones included (S3
   `backward` L2549-2553 calls `_partition_all_parameters`; `release_and_reset_parameter`, L455-462, ignores
   ds_persist). The optimizer step gathers them back (S3 `_post_step` L2339-2344) through the synchronous path
@@ -103,10 +113,27 @@ def tensors(model: Model, plan: Plan) -> Tensors:
 
 
 def _kept_after_rerun(block: list[float]) -> list[bool]:
-    """Whether each tensor of a checkpointed block stays gathered from its forward rerun to its backward: the
-    backward walks the block in reverse, so what is used in between is every tensor after it (S3 L464-470)."""
+    """Whether each tensor of a checkpointed block stays gathered from its forward rerun to its backward (S3
+    `_keep_for_later`, L464-470). The trace between the two uses holds the rerun of every later tensor, then the
+    backward of each in reverse: each later tensor counts twice (S3 `_distance_in_numel`, L263-271, sums a module's
+    parameters at every trace entry). The block's persistent biases and norms (about 13 x hidden elements, 0.03% of
+    the distance at hidden 20480) are left out of the distance."""
     after = [sum(block[i + 1:]) for i in range(len(block))]
-    return [a < MAX_REUSE_DISTANCE for a in after]
+    return [2 * a < MAX_REUSE_DISTANCE for a in after]
+
+
+def _held(block: list[float], kept: list[bool], backward: bool) -> list[float]:
+    """Elements still gathered, besides the module that issues the prefetch, when each tensor of a pass over a
+    checkpointed block is prefetched: the tensors kept from the rerun for their backward (`_kept_after_rerun`)
+    that have been rerun and not yet used by their backward. In the rerun pass (block order) that is the kept
+    tensors before the issuer; in the backward pass (reverse order, the issuer is the tensor after it in the
+    block) the kept tensors before the issuer in the block. The forward pass keeps none."""
+    def kept_before(j: int) -> float:
+        j = max(j, 0)
+        return sum(n for n, k in zip(block[:j], kept[:j], strict=True) if k)
+    if backward:
+        return [kept_before(j + 1) for j in reversed(range(len(block)))]  # issuer j + 1: kept ones before it
+    return [kept_before(i - 1) for i in range(len(block))]             # issuer i - 1: kept ones before it
 
 
 def per_micro(comm: Any, hw: Hardware, plan: Plan, group: Any, weight_element: float, grad_element: float,
@@ -128,16 +155,17 @@ def per_micro(comm: Any, hw: Hardware, plan: Plan, group: Any, weight_element: f
     def gather(n: float) -> Any:
         return comm.collective_time("allgather", n * weight_element, group, hw)
 
-    def pass_cost(order: list[float], window: Any, skip: list[bool]) -> tuple[Any, Any]:
+    def pass_cost(order: list[float], window: Any, skip: list[bool], held: list[float]) -> tuple[Any, Any]:
         """(total, exposed) of gathering a block's tensors in `order` once, hiding each behind its
-        predecessor's compute share when the prefetch may run."""
+        predecessor's compute share when the prefetch may run: fewer than MAX_LIVE_PARAMETERS elements are
+        gathered, the predecessor's and the `held` ones (module doc, "Prefetch")."""
         total = exposed = 0.0
         for i, n in enumerate(order):
             if skip[i]:
                 continue
             g = gather(n)
             before = order[i - 1] if i else order[-1]  # the previous block's last module issued the first one
-            hide = window * before / block_numel if before < MAX_LIVE_PARAMETERS else 0.0
+            hide = window * before / block_numel if before + held[i] < MAX_LIVE_PARAMETERS else 0.0
             shown = mathx.maximum(g - hide, 0.0)
             total += g + slices
             exposed += shown + stolen * (g - shown) + slices
@@ -145,11 +173,11 @@ def per_micro(comm: Any, hw: Hardware, plan: Plan, group: Any, weight_element: f
 
     total = exposed = 0.0
     if block:
-        none = [False] * len(block)
-        parts = [pass_cost(block, forward / repeat, none),
-                 pass_cost(block[::-1], backward / repeat, kept[::-1])]
+        none, empty = [False] * len(block), [0.0] * len(block)
+        parts = [pass_cost(block, forward / repeat, none, empty),
+                 pass_cost(block[::-1], backward / repeat, kept[::-1], _held(block, kept, backward=True))]
         if rerun:
-            parts.append(pass_cost(block, recompute / repeat, none))
+            parts.append(pass_cost(block, recompute / repeat, none, _held(block, kept, backward=False)))
         total = repeat * sum(t for t, _ in parts)
         exposed = repeat * sum(x for _, x in parts)
     for n, count in listed:
@@ -162,10 +190,14 @@ def per_micro(comm: Any, hw: Hardware, plan: Plan, group: Any, weight_element: f
     return total + reduce, exposed + reduce
 
 
+def _ranks(group: Any) -> int:
+    """Ranks of a data-parallel group: a communicator's Group, or a bare count."""
+    return group.size if hasattr(group, "size") else int(group)
+
+
 def _slices(hw: Hardware, group: Any) -> Any:
     """Host seconds of one list all_gather's per-rank views and copies (module doc, "Per-rank slices")."""
-    ranks = group.size if hasattr(group, "size") else int(group)
-    return ranks * (SLICE_PYTHON_OP_S + hw.device.launch_latency)
+    return _ranks(group) * (SLICE_PYTHON_OP_S + hw.device.launch_latency)
 
 
 def persistent_gathers(comm: Any, hw: Hardware, group: Any, weight_element: float, model_tensors: Tensors) -> Any:
@@ -187,8 +219,7 @@ def post_step(comm: Any, hw: Hardware, group: Any, weight_element: float, model_
     _, persistent, _ = model_tensors
     if not persistent:
         return 0.0
-    ranks = group.size if hasattr(group, "size") else int(group)
-    pieces = sum(c * _pieces(n, ranks) for n, c in persistent)
+    pieces = sum(c * _pieces(n, _ranks(group)) for n, c in persistent)
     elements = sum(n * c for n, c in persistent)
     unpack = pieces * (POST_STEP_OPS * SLICE_PYTHON_OP_S + hw.device.launch_latency)
     return comm.collective_time("allgather", elements * weight_element, group, hw) + _slices(hw, group) + unpack

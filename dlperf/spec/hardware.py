@@ -30,8 +30,8 @@ A file may start from another one and say only what differs (a 40GB variant of a
     device: {name: A100-SXM4-40GB, memory: 40 GiB, memory_bandwidth: 1555 GB/s}
 
 Mappings merge key by key (the extending file wins), lists such as `network` and scalars are replaced whole, and
-a key set to null (`price_per_device_hour: null`) is dropped. The base must load on its own, and the file needs
-its own `name`.
+a key set to null (`price_per_device_hour: null`) is dropped; a required one (`network: null`) is reported at the
+null's line. The base must load on its own, and the file needs its own `name`.
 """
 
 from __future__ import annotations
@@ -301,16 +301,18 @@ def _text(node: dict, key: str, file: str, where: str) -> str:
 def _efficiency(node: Any, file: str, where: str) -> dict[str, Efficiency]:
     check_keys(node, KERNEL_CLASSES, file, where)
     out = {}
-    for cls, curve in node.items():
+    for cls in node:
         here = field_name(where, cls)
+        curve = _section(node, cls, file, here)
         out[cls] = _curve(curve, cls, file, here)
-        dtypes = curve.get("dtypes", {})
+        dtypes = _section(curve, "dtypes", file, field_name(here, "dtypes")) if "dtypes" in curve else {}
         check_keys(dtypes, DTYPES, file, field_name(here, "dtypes"))
         for dtype, sub in dtypes.items():
             if isinstance(sub, dict) and "dtypes" in sub:
                 raise SpecError("a per-dtype curve cannot nest dtypes", file=file, line=line_of(sub, "dtypes"),
                                 field=field_name(field_name(field_name(here, "dtypes"), dtype), "dtypes"))
-            out[f"{cls}/{dtype}"] = _curve(sub, cls, file, field_name(field_name(here, "dtypes"), dtype))
+            sub_where = field_name(field_name(here, "dtypes"), dtype)
+            out[f"{cls}/{dtype}"] = _curve(_section(dtypes, dtype, file, sub_where), cls, file, sub_where)
     return out
 
 
@@ -360,6 +362,16 @@ def _tile(curve: dict, file: str, here: str) -> tuple[int, int]:
     return tile[0], tile[1]
 
 
+def _section(parent: Any, key: Any, file: str, where: str) -> Any:
+    """parent[key] (a mapping's key or a list's index), which must be a mapping. A null or a scalar carries no
+    line of its own: it is reported at its key's line."""
+    value = parent[key]
+    if not isinstance(value, dict):
+        raise SpecError("null" if value is None else "", expected="a mapping", found=value, file=file,
+                        line=line_of(parent, key), field=where)
+    return value
+
+
 def _dispatch(node: Any, file: str) -> tuple[float, float]:
     where = "device.dispatch"
     check_keys(node, _DISPATCH_KEYS, file, where)
@@ -371,12 +383,11 @@ def _dispatch(node: Any, file: str) -> tuple[float, float]:
 def _device(node: Any, file: str) -> Device:
     where = "device"
     check_keys(node, _DEVICE_KEYS, file, where, required=("name", "peak_flops", "memory", "memory_bandwidth"))
-    flops = node["peak_flops"]
-    check_keys(flops, DTYPES, file, "device.peak_flops")
-    if "fp32" not in flops:
-        raise SpecError("missing required key 'fp32'", file=file, line=line_of(flops), field="device.peak_flops")
+    flops = _section(node, "peak_flops", file, "device.peak_flops")
+    check_keys(flops, DTYPES, file, "device.peak_flops", required=("fp32",))
     peak = {dt: _quantity(flops, dt, "flop_rate", file, "device.peak_flops") for dt in flops}
-    dispatch = _dispatch(node["dispatch"], file) if "dispatch" in node else DEFAULT_DISPATCH
+    dispatch = _dispatch(_section(node, "dispatch", file, "device.dispatch"), file) if "dispatch" in node else \
+        DEFAULT_DISPATCH
     return Device(
         name=_text(node, "name", file, where),
         peak_flops=peak,
@@ -386,7 +397,8 @@ def _device(node: Any, file: str) -> Device:
             _quantity(node, "launch_latency", "time", file, where)
             if "launch_latency" in node else DEFAULT_LAUNCH_LATENCY
         ),
-        efficiency=_efficiency(node["efficiency"], file, "device.efficiency") if "efficiency" in node else {},
+        efficiency=_efficiency(_section(node, "efficiency", file, "device.efficiency"), file, "device.efficiency")
+        if "efficiency" in node else {},
         sms=_positive_int(node, "sms", file, where) if "sms" in node else None,
         dispatch_forward=dispatch[0],
         dispatch_backward=dispatch[1],
@@ -410,13 +422,15 @@ def _reserve(node: dict, file: str) -> dict[str, float]:
     return out
 
 
-def _network(node: Any, file: str) -> tuple[NetworkLevel, ...]:
+def _network(node: Any, file: str, line: int | None = None) -> tuple[NetworkLevel, ...]:
+    """The levels of `network:` (`line`: the key's, for a value that carries none, such as null)."""
     if not isinstance(node, list) or not node:
-        raise SpecError(expected="a non-empty list of levels", found=node, file=file, line=line_of(node),
-                        field="network")
+        raise SpecError("null" if node is None else "", expected="a non-empty list of levels", found=node,
+                        file=file, line=line_of(node) or line, field="network")
     levels, previous = [], 1
-    for i, level in enumerate(node):
+    for i in range(len(node)):
         where = f"network[{i}]"
+        level = _section(node, i, file, where)
         last = i == len(node) - 1
         check_keys(level, _LEVEL_KEYS, file, where, required=("name", "bandwidth", "latency"))
         size = _positive_int(level, "size", file, where) if "size" in level else None
@@ -529,8 +543,8 @@ def _hardware(data: Any, file: str) -> Hardware:
     return Hardware(
         name=_text(data, "name", file, ""),
         source=str(data.get("source", "")),
-        device=_device(data["device"], file),
-        network=_network(data["network"], file),
+        device=_device(_section(data, "device", file, "device"), file),
+        network=_network(data["network"], file, line_of(data, "network")),
         path=file,
         price_per_device_hour=float(price) if price is not None else None,
         calibration=dict(calibration),

@@ -190,10 +190,22 @@ def check_keys(
                 expected="one of " + ", ".join(allowed),
             )
     for key in required:
-        if key not in node:
+        if key in node:
+            continue
+        if nulled(node, key):
             raise SpecError(
-                f"missing required key {key!r}", file=file, line=line_of(node), field=where or key
+                f"missing required key {key!r}: a null drops the base's value", file=file, line=line_of(node, key),
+                field=field_name(where, key), expected="a value, or no such line to keep the base's",
             )
+        raise SpecError(
+            f"missing required key {key!r}", file=file, line=line_of(node), field=where or key
+        )
+
+
+def nulled(node: Any, key: Any) -> bool:
+    """Whether `key` was written as null over a base and so dropped (a hardware file's `extends:` merge): the
+    mapping still knows the key's line, but no longer holds the key."""
+    return isinstance(node, LineDict) and key in getattr(node, "key_lines", {}) and key not in node
 
 
 def field_name(where: str, key: str) -> str:
