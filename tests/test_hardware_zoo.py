@@ -387,6 +387,9 @@ def test_any_gbit_rate_is_an_eighth_in_bytes(tmp_path_factory: pytest.TempPathFa
 # H200 and H800 are the H100 SXM die ("H200 is the same" in the BF16 table); H200 has its own FP8 row.
 MAMF_ROWS = {
     "dgx-a100": {"bf16": "NVIDIA A100 SXM"},
+    "a100-40gb": {"bf16": "NVIDIA A100 SXM"},
+    "a100-800g": {"bf16": "NVIDIA A100 SXM"},
+    "jean-zay-a100": {"bf16": "NVIDIA A100 SXM"},
     "dgx-h100": {"bf16": "NVIDIA H100 SXM", "fp8": "NVIDIA H100 SXM"},
     "h800": {"bf16": "NVIDIA H100 SXM", "fp8": "NVIDIA H100 SXM"},
     "hgx-h200": {"bf16": "NVIDIA H100 SXM", "fp8": "NVIDIA H200 SXM"},
