@@ -929,7 +929,11 @@ def _fsdp_unsharded_grad_bytes(plan: Plan, dtype: str) -> int:
     These are memory-bound passes over the full gradient of every rank, so they do not shrink as the GEMMs get
     faster. They run on FSDP's post-backward stream beside the next unit's backward kernels; they are charged as
     device time (an upper bound if a pass found idle SMs and spare HBM bandwidth beside a compute-bound GEMM).
-    The sharded gradient's accumulation (3 passes over 1/dp of it) is `_grad_accumulation`'s own term."""
+    The sharded gradient's accumulation (3 passes over 1/dp of it) is `_grad_accumulation`'s own term.
+    zero_impl 'fsdp' also stands for Megatron-Core's FSDP (the Megatron-Bridge Llama 3 8B rows), which runs passes
+    of the same kind (the gradient into its main-grad bucket, then `grad_data.mul_(scaling_factor)` in place,
+    megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py @d98e8a64); their byte count is
+    taken as PyTorch FSDP's, not read from that code."""
     if plan.zero < 2 or plan.zero_impl != "fsdp" or plan.data_parallel == 1:
         return 0
     weight, grad = element_bytes(_weight_dtype(dtype)), element_bytes(_grad_dtype(plan, dtype))
