@@ -124,6 +124,59 @@ def test_fp32_reduction_makes_fsdp_no_faster() -> None:
     assert default.memory["gradients"] == pytest.approx(2 * pure.memory["gradients"])
 
 
+# ---- FSDP's passes over each unit's unsharded gradient (torch v2.1.0) ---------------------------------------
+
+
+@pytest.mark.parametrize(("zero", "grad_dtype", "dp", "impl", "expected"), [
+    (3, "fp32", 8, "fsdp", 2 * 2 + (2 + 4) + 2 * 4),  # split-backward copy + cast to fp32 + pre-divide in fp32
+    (2, "fp32", 8, "fsdp", 18),                        # SHARD_GRAD_OP reduces the same way
+    (3, None, 8, "fsdp", 2 * 2 + 2 * 2),              # PURE bf16: no cast, pre-divide in bf16
+    (1, "fp32", 8, "fsdp", 0),                         # ZeRO-1 keeps whole gradients (DDP-style reduction)
+    (3, "fp32", 1, "fsdp", 0),                         # one rank: no reduce-scatter, no pre-divide
+    (3, None, 8, "deepspeed-0.3", 0),                  # DeepSpeed's stage 3 is priced by dlperf.engine.zero_impl
+])
+def test_fsdp_unsharded_gradient_bytes(zero: int, grad_dtype: str | None, dp: int, impl: str,
+                                       expected: int) -> None:
+    """Bytes per parameter and micro-batch: autograd's backward of the FlatParameter split (read + write 2 B),
+    `_post_backward_hook`'s cast to the reduce dtype (read 2, write 4 B, only when it differs) and `_reduce_grad`'s
+    in-place pre-divide (read + write in the reduce dtype)."""
+    from dlperf.engine.step import _fsdp_unsharded_grad_bytes
+
+    plan = Plan(devices=dp, dp=dp, global_batch=dp, zero=zero, grad_dtype=grad_dtype, zero_impl=impl)
+    assert _fsdp_unsharded_grad_bytes(plan, "bf16") == expected
+
+
+def test_fsdp_gradient_passes_are_charged_per_micro_batch_at_memory_speed() -> None:
+    """The step's grad_accumulation entry holds, per micro-batch, the whole stage's 18 B/parameter at the
+    device's element-wise bandwidth on top of the sharded accumulation (3 x 4 B over 1/dp of the parameters)."""
+    model, hw = load_model("mpt", SMALL_MPT), load_hardware("dgx-h100")
+    plan = Plan(devices=8, dp=8, global_batch=32, micro_batch=1, zero=3, grad_dtype="fp32")
+    r = predict(model, hw, plan)
+    params = model.total_params
+    bw = hw.device.memory_bandwidth * hw.device.eff("memory").peak
+    per_micro = (3 * 4 * params / 8 + 18 * params) / bw + hw.device.launch_latency
+    assert r.breakdown_s["compute/grad_accumulation"] == pytest.approx(4 * per_micro, rel=1e-9)
+
+
+def test_fsdp_gradient_passes_shrink_with_memory_bandwidth_not_with_peak() -> None:
+    """Memory-bound: twice the HBM bandwidth halves them, twice the FLOP/s leaves them unchanged; neither makes
+    the step slower (more peak or bandwidth never slows a step)."""
+    from dataclasses import replace
+
+    model, hw = load_model("mpt", SMALL_MPT), load_hardware("dgx-h100")
+    plan = Plan(devices=8, dp=8, global_batch=32, micro_batch=1, zero=3, grad_dtype="fp32")
+    base = predict(model, hw, plan)
+    faster_mem = replace(hw, device=replace(hw.device, memory_bandwidth=2 * hw.device.memory_bandwidth))
+    faster_flops = replace(hw, device=replace(hw.device, peak_flops={k: 2 * v for k, v in
+                                                                        hw.device.peak_flops.items()}))
+    mem, flops = predict(model, faster_mem, plan), predict(model, faster_flops, plan)
+    launches = 4 * hw.device.launch_latency
+    acc = base.breakdown_s["compute/grad_accumulation"] - launches
+    assert mem.breakdown_s["compute/grad_accumulation"] - launches == pytest.approx(acc / 2, rel=1e-9)
+    assert flops.breakdown_s["compute/grad_accumulation"] == pytest.approx(acc + launches, rel=1e-9)
+    assert mem.step_time_s <= base.step_time_s and flops.step_time_s <= base.step_time_s
+
+
 # ---- composer's training metrics --------------------------------------------------------------------------
 
 

@@ -943,7 +943,37 @@ def _grad_accumulation(hw: Hardware, plan: Plan, params: Any, dtype: str) -> Any
     e = element_bytes(_grad_dtype(plan, dtype))
     shard = plan.data_parallel if plan.zero >= 2 else 1
     bw = hw.device.memory_bandwidth * hw.device.eff("memory").peak
-    return 3 * e * params / shard / bw + hw.device.launch_latency
+    fsdp = _fsdp_unsharded_grad_bytes(plan, dtype) * params
+    return (3 * e * params / shard + fsdp) / bw + hw.device.launch_latency
+
+
+def _fsdp_unsharded_grad_bytes(plan: Plan, dtype: str) -> int:
+    """HBM bytes per parameter that PyTorch FSDP moves over each unit's whole (unsharded) gradient in every
+    micro-batch's backward pass before reduce-scattering it (ZeRO-2/3 as FSDP's SHARD_GRAD_OP / FULL_SHARD),
+    read from torch v2.1.0 (the version llm-foundry's benchmarks pin, setup.py 'torch>=2.1,<2.1.1' @5e85bd62):
+    - the FlatParameter is split into per-parameter views in the forward pass (flat_param.py
+      `_get_unflat_views_*`: torch.split of the flat tensor), so autograd's backward of that split concatenates
+      the per-parameter gradients into one flat gradient: a copy in the parameter dtype (read and write);
+    - `_post_backward_hook` (_runtime_utils.py) casts that gradient to MixedPrecision's reduce_dtype when it
+      differs (composer's DEFAULT: bf16 params, fp32 reductions): read it, write it in the reduce dtype;
+    - `_reduce_grad` divides it in place by the gradient pre-divide factor before the reduce-scatter
+      (`_div_if_needed(padded_unsharded_grad, ...)`; the factor is > 1 on every group of 2 or more ranks,
+      `_get_gradient_predivide_factor`): read and write in the reduce dtype.
+    These are memory-bound passes over the full gradient of every rank, so they do not shrink as the GEMMs get
+    faster. They run on FSDP's post-backward stream beside the next unit's backward kernels; they are charged as
+    device time (an upper bound if a pass found idle SMs and spare HBM bandwidth beside a compute-bound GEMM).
+    The sharded gradient's accumulation (3 passes over 1/dp of it) is `_grad_accumulation`'s own term.
+    zero_impl 'fsdp' also stands for Megatron-Core's FSDP (the Megatron-Bridge Llama 3 8B rows), which runs passes
+    of the same kind (the gradient into its main-grad bucket, then `grad_data.mul_(scaling_factor)` in place,
+    megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py @d98e8a64); their byte count is
+    taken as PyTorch FSDP's, not read from that code."""
+    if plan.zero < 2 or plan.zero_impl != "fsdp" or plan.data_parallel == 1:
+        return 0
+    weight, grad = element_bytes(_weight_dtype(dtype)), element_bytes(_grad_dtype(plan, dtype))
+    split = 2 * weight
+    cast = weight + grad if grad != weight else 0
+    predivide = 2 * grad
+    return split + cast + predivide
 
 
 def _optimizer_flops(model: Model, plan: Plan) -> float:
