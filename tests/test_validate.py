@@ -613,6 +613,52 @@ def test_cnn_and_bert_data_parallel_rows_within_15_percent(results):
     assert mae(results, "cnn-dp", "bert-dp") <= 15.0
 
 
+# Issue 12's single-device acceptance: ResNet-50 on one A100 (TF32 and AMP) and BERT on one A100 within 15%,
+# each row on its own (a source mean could hide one precision behind the other).
+SINGLE_DEVICE_TOLERANCE_PCT = 15.0
+
+
+def single_gpu_rows(results: list[Result], source: str, hardware: tuple[str, ...]) -> list[Result]:
+    chosen = [r for r in results if r.row.source == source and "single-gpu" in r.row.tags
+              and r.row.hardware in hardware]
+    assert chosen, (source, hardware)
+    return chosen
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "one A100, DLE PyTorch ResNet-50: TF32 +62%, AMP +20%, both too fast. Convolutions on A100 are priced on the "
+    "FP16 cuBLASLt GEMM curve (0.83 of peak) for want of an A100 cuDNN per-shape table; if the memory-bound "
+    "kernels are right, the measured steps imply ~0.31 of peak for TF32 (NCHW: configs.yml gives memory_format "
+    "nhwc to AMP only) and ~0.53 for AMP, against DeepBench V100's 0.41. The AMP run also decodes JPEGs on the "
+    "CPU (data_backend pytorch, 10 workers per GPU), which dlperf does not model"))
+def test_single_a100_resnet50_rows_within_15_percent(results):
+    chosen = single_gpu_rows(results, "dle-resnet50", ("dgx-a100",))
+    assert {r.row.plan.dtype for r in chosen} == {"tf32", "fp16"}
+    assert max(abs(r.error_pct) for r in chosen) <= SINGLE_DEVICE_TOLERANCE_PCT, [
+        (r.row.id, round(r.error_pct, 1)) for r in chosen]
+
+
+def test_single_a100_pytorch_bert_rows_within_15_percent(results):
+    # DLE PyTorch BERT-large at sequence 128 on one A100 80GB, AMP and TF32 (the seq-512 rows are pending).
+    chosen = single_gpu_rows(results, "dle-bert-pytorch", ("dgx-a100",))
+    assert {r.row.plan.dtype for r in chosen} == {"tf32", "fp16"}
+    assert max(abs(r.error_pct) for r in chosen) <= SINGLE_DEVICE_TOLERANCE_PCT, [
+        (r.row.id, round(r.error_pct, 1)) for r in chosen]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "one A100 40GB, DLE TensorFlow 1 BERT-large: AMP +46% (seq 128) / +49% (seq 512), TF32 +16% / +28%, all too "
+    "fast; per micro-batch the prediction is 57-75 ms (AMP) and 37-44 ms (TF32) short. Not priced: one "
+    "Estimator session.run per micro-batch with scalar fetches (a host sync), and per trainable variable (~400) "
+    "is_finite, global-norm, clip and an fp32 accumulate inside a tf.cond (optimization.py @729963dd); no "
+    "sourced TF 1.15 per-op executor cost was found"))
+def test_single_a100_tf1_bert_rows_within_15_percent(results):
+    chosen = single_gpu_rows(results, "dle-bert-tf1", ("a100-40gb",))
+    assert {r.row.plan.dtype for r in chosen} == {"tf32", "fp16"}
+    assert max(abs(r.error_pct) for r in chosen) <= SINGLE_DEVICE_TOLERANCE_PCT, [
+        (r.row.id, round(r.error_pct, 1)) for r in chosen]
+
+
 # The pipeline-speedup tolerance (15%) is tested in tests/test_validate_pipeline.py on the torchgpipe rows.
 
 
