@@ -73,12 +73,21 @@ def test_hf_converters_exact(folder, total, activated):
 
 
 def test_builtins_equal_converted_configs():
-    for name, folder in (("mixtral-8x7b", "mixtral-8x7b-v0.1"), ("deepseek-v3", "deepseek-v3")):
+    # the qwen3 built-in runs fused attention (flash, as Megatron-Bridge does); the MoE converters build plain attention
+    for name, folder, sets in (("mixtral-8x7b", "mixtral-8x7b-v0.1", {}), ("deepseek-v3", "deepseek-v3", {}),
+                               ("qwen3-30b-a3b", "qwen3-30b-a3b", {"flash": False})):
         config = json.loads((HF / folder / "config.json").read_text())
         converted = model_from_dict(MOE_FAMILIES[config["model_type"]](config), folder, {"seq": 4096})
-        builtin = load_model(name)
+        builtin = load_model(name, sets)
         assert converted.total_params == builtin.total_params
         assert _flops(converted) == _flops(builtin)
+
+
+def test_qwen3_235b_parameters():
+    """Qwen3-235B-A22B's model card: 235B total, 22B activated (8 of 128 experts, untied embeddings)."""
+    model = load_model("qwen3-235b-a22b")
+    assert model.total_params == 235_093_634_560
+    assert activated_params(model) == pytest.approx(22e9, rel=0.02)
 
 
 # ---- the moe operator -----------------------------------------------------------------------------------

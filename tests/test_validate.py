@@ -95,7 +95,7 @@ def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
 
 def test_builtin_dataset_loads_with_unique_ids_and_known_units():
     rows, pending = load_dataset(), load_pending()
-    assert (len(rows), len(pending)) == (1938, 32)
+    assert (len(rows), len(pending)) == (1964, 289)
     assert len({r.id for r in [*rows, *pending]}) == len(rows) + len(pending)
     assert {r.unit for r in [*rows, *pending]} <= set(UNITS)
     assert all(r.citation for r in [*rows, *pending])
@@ -203,6 +203,48 @@ def test_megatron_bridge_rows_carry_the_recipe_settings():
     assert (dsv3.ep, dsv3.ep_overlap, dsv3.moe_imbalance, dsv3.overlap, dsv3.tp_overlap) == (64, True, 1.0, False,
                                                                                              False)
     assert rows["mbridge-2511-llama3-8b-h100"].plan.zero == 3
+
+
+def test_megatron_bridge_blackwell_and_moe_rows_carry_the_published_figures():
+    rows = {r.id: r for r in load_dataset()}
+    # archive 26.02, Model: LLAMA3.1_405B, DGX-GB200 | 256 | FP8 | 1536 | 1 | 8192 | 0 | 4 | 16 | 1 | 4 | n/a | 793
+    gb200 = rows["mbridge-2602-llama31-405b-gb200-fp8"]
+    assert (gb200.value, gb200.hardware, gb200.model, gb200.sets) == (793, "gb200-nvl72", "llama3-405b", {"seq": 8192})
+    assert gb200.plan == Plan(devices=256, dp=4, tp=4, pp=16, global_batch=1536, micro_batch=1,
+                              schedule="interleaved", virtual_stages=4, zero=1, sequence_parallel=True,
+                              tp_overlap=True, fp8_param_gather=True, dtype="fp8")
+    # 25.11, System: DGX-B200, LLAMA3_8B | 8 | FP8-CS (FP8-MX) | 128 | 2 | 8192 | 0 | 1 | 1 | 1 | n/a | 1 | 8 |
+    # 30624 (29521): the FP8-CS figure is scored, the parenthesised MXFP8 one waits
+    b200 = rows["mbridge-2511-llama3-8b-b200-fp8cs"]
+    assert (b200.value, b200.plan.micro, b200.plan.dp, b200.plan.dtype) == (30624, 2, 8, "fp8")
+    # 25.09, System: DGX-B200, Qwen3_235B_a22B (tokendrop) | 64 | 1024 | 1 | 4096 | 0 | 1 | 8 | 1 | 2 | 8 | 128 |
+    # 4104 (4275): capacity factor 1.0, padded, so every expert computes the mean load
+    qwen = rows["mbridge-2509-qwen3-235b-a22b-b200-fp8-tokendrop"]
+    assert (qwen.value, qwen.model, qwen.sets["seq"]) == (4104, "qwen3-235b-a22b", 4096)
+    assert (qwen.plan.pp, qwen.plan.virtual_stages, qwen.plan.ep, qwen.plan.data_parallel) == (8, 2, 8, 8)
+    assert (qwen.plan.moe_imbalance, qwen.plan.ep_dispatcher, qwen.plan.global_batch) == (1.0, "alltoall", 1024)
+    # 25.09 GB200 DeepSeekV3 (tokendrop): PP 4 (8), VP 4 (2), EP 64, 3454; GB200 recomputes mla_up_proj and moe_act
+    dsv3 = rows["mbridge-2509-deepseek-v3-gb200-fp8-tokendrop"]
+    assert (dsv3.value, dsv3.plan.pp, dsv3.plan.virtual_stages, dsv3.plan.ep) == (3454, 4, 4, 64)
+    assert dsv3.plan.recompute_modules == ("mla_up_proj", "moe_act")
+    pending = {p.id: p for p in load_pending()}
+    mx = pending["mbridge-2511-llama3-8b-b200-mxfp8"]
+    assert (mx.value, set(mx.waits_for)) == (29521, {"mxfp8"})
+    # the parenthesised 25.09 layout is the MX run's own: PP 8, VP 2, GA 64 -> 2835
+    assert pending["mbridge-2509-deepseek-v3-gb200-mxfp8-tokendrop"].plan["pp"] == 8
+    assert pending["mbridge-2509-deepseek-v3-gb200-mxfp8-tokendrop"].value == 2835
+    assert set(pending["mbridge-2602-llama3-70b-gb300-nvfp4"].waits_for) == {"hardware", "nvfp4"}
+    assert set(pending["mbridge-2511-llama3-70b-gb200-fp8cs"].waits_for) == {"cpu_offload"}
+    assert set(pending["mbridge-2511-qwen3-235b-a22b-h100-fp8cs"].waits_for) == {"ep_over_tp"}
+    assert set(pending["mbridge-2602-gpt-oss-120b-h100-bf16"].waits_for) == {"model"}
+    # every table row of the releases 25.09 to 26.08 is in the file once: 278 rows, 14 parenthesised figures
+    mbridge = [i for i in [*rows, *pending] if i.startswith("mbridge-")]
+    assert len(mbridge) == len(set(mbridge)) == 278 + 14
+    # 26.06 (archive @4ab94dfad), Model: LLAMA3.1_405B, DGX-H100 | 1024 | FP8 | 1536 | 1 | 8192 | 8 | 8 | 2 | 8 | 326
+    late = rows["mbridge-2606-llama31-405b-h100-fp8"]
+    assert (late.value, late.plan.tp, late.plan.pp, late.plan.cp, late.plan.virtual_stages) == (326, 8, 8, 2, 8)
+    assert set(pending["mbridge-2606-llama3-70b-h100-fp8-lora"].waits_for) == {"lora"}
+    assert set(pending["mbridge-2604-qwen3-30b-a3b-h100-fp8"].waits_for) == {"hybridep"}
 
 
 @pytest.mark.parametrize(("old", "new", "message"), BAD)
@@ -679,9 +721,10 @@ ISSUE14_FP8_MOE_TOLERANCE_PCT = 20.0
 
 
 def test_megatron_bridge_llama3_fp8_rows_within_20_percent(results):
-    # Llama 3 8B (FSDP), 70B (TP+PP+VP, TP overlap) and 405B (+ CP 2) on DGX-H100 in FP8, 8 rows.
-    chosen = [r for r in results if r.row.source == "megatron-bridge-perf" and r.row.model.startswith("llama3")]
-    assert len(chosen) == 8
+    # Llama 3 8B (FSDP), 70B (TP+PP+VP, TP overlap) and 405B (+ CP 2) on DGX-H100 in FP8, 13 rows (25.09-26.06).
+    chosen = [r for r in results if r.row.source == "megatron-bridge-perf" and r.row.model.startswith("llama3")
+              and "llm-hybrid-h100" in r.row.tags]
+    assert len(chosen) == 13
     worst = max(chosen, key=lambda r: abs(r.error_pct))
     assert abs(worst.error_pct) <= ISSUE14_FP8_MOE_TOLERANCE_PCT, (worst.row.id, worst.error_pct)
 
@@ -701,7 +744,7 @@ def test_megatron_bridge_deepseek_v3_moe_row_within_20_percent(results):
     "The miss is the BF16 FSDP baseline's GEMM-bound part on H100"))
 def test_llmfoundry_fp8_rows_within_20_percent(results):
     chosen = [r for r in results if r.row.source == "llmfoundry-h100-fp8"]
-    assert len(chosen) == 7
+    assert len(chosen) == 11
     assert max(abs(r.error_pct) for r in chosen) <= ISSUE14_FP8_MOE_TOLERANCE_PCT
 
 
@@ -771,3 +814,41 @@ def test_mixed_precision_pairs_rank_right(results):
     # overall median of 1.0, the parallelism groups do not.
     groups = [g for g in plan_groups(results) if g["source"].startswith("dle-")]
     assert len(groups) == 18 and all(g["spearman"] == 1.0 for g in groups)
+
+
+def _blackwell_llama3(results: list[Result]) -> list[Result]:
+    return [r for r in results if r.row.source == "megatron-bridge-perf" and r.row.model.startswith("llama3")
+            and ("llm-hybrid-b200" in r.row.tags or "llm-hybrid-gb200" in r.row.tags)]
+
+
+def _new_moe(results: list[Result]) -> list[Result]:
+    return [r for r in results if r.row.source == "megatron-bridge-perf" and "moe" in r.row.tags]
+
+
+def test_megatron_bridge_tolerance_tests_score_the_rows_they_name(results):
+    # outside the strict xfails below, so that a miscount cannot pass as the expected failure
+    assert len(_blackwell_llama3(results)) == 12  # 8B x 4, 405B on B200 x 2, 405B on GB200 x 6
+    assert len(_new_moe(results)) == 9  # Qwen3-30B x 6, Qwen3-235B x 1, DeepSeek-V3 token-drop x 2
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Megatron-Bridge Llama 3 on DGX-B200 / GB200 NVL72 in FP8 (12 rows): every row too fast, 8B (one node, "
+    "MBS 2) +34..+41%, 405B (TP 4, PP 8-16) +15..+25%. The B200 and GB200 files have no FP8 matmul "
+    "microbenchmark (the BF16 MAMF fraction 0.776 is applied to the 4500 TFLOP/s FP8 peak), and CUDA graphs "
+    "(the 8B recipes) are not modelled; nothing is fitted to these rows"))
+def test_megatron_bridge_blackwell_llama3_fp8_rows_within_20_percent(results):
+    chosen = _blackwell_llama3(results)
+    assert max(abs(r.error_pct) for r in chosen) <= ISSUE14_FP8_MOE_TOLERANCE_PCT
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Megatron-Bridge MoE rows other than DeepSeek-V3 on H100 (9 rows): all too fast. Qwen3-30B-A3B "
+    "(128 experts of width 768, top-8): H100 dropless with EP overlap (25.11, 26.02, 26.02.01) +248%/+264%/+106%, "
+    "H100 token-drop (25.09) +37%, B200/GB200 +68%/+76%; Qwen3-235B-A22B B200 +72%; DeepSeek-V3 token-drop GB200 "
+    "+43%, B200 +75%. The published Qwen3-30B H100 figure halves from 25.09 to 25.11 on the same layout (the "
+    "stack changed: dropless routing, EP overlap) and nearly doubles from 26.02 to 26.02.01 on another; "
+    "a grouped expert GEMM is priced as one [m, k] x [k, n] GEMM (ops/moe.py grouped_gemm: no per-expert tiles, "
+    "though 128 experts of width 768 give each one a few hundred rows); nothing is fitted to these rows"))
+def test_megatron_bridge_new_moe_rows_within_20_percent(results):
+    chosen = _new_moe(results)
+    assert max(abs(r.error_pct) for r in chosen) <= ISSUE14_FP8_MOE_TOLERANCE_PCT
