@@ -292,7 +292,7 @@ class StepModel:
             return self._dualpipe(plan, dtype, e, staged, m, with_memory)
         stages, slow, params, boundary = staged
         passes = {key: self._passes(plan, s, dtype, m) for key, s in {id(s): s for s in stages}.items()}
-        t = passes[id(slow)]
+        t, share = passes[id(slow)], recompute_share(plan, m)
         busy, _, p2p = schedule_time(t.fwd, t.bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v)
         # Fill and drain: the first micro-batch's forward and the last one's backward cross every other stage once
         # (per model chunk with interleaving), at that stage's own pace; the slowest stage sets the steady state.
@@ -306,11 +306,12 @@ class StepModel:
         breakdown = {
             "compute/forward": m * slow.forward,
             "compute/backward": m * slow.backward,
-            "compute/recompute": m * t.recompute,
+            # the rerun's collectives under comm/*, as the forward's: compute/recompute <= the blocks' forward
+            "compute/recompute": m * share * slow.recompute_kernels,
             "compute/grad_accumulation": m * t.accumulate,
-            "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd),
-            "comm/ep": m * (t.ep_fwd + t.ep_bwd),
-            "comm/cp": m * (slow.cp_comm_fwd + slow.cp_comm_bwd),
+            "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd + share * slow.tp_comm_rerun),
+            "comm/ep": m * (t.ep_fwd + t.ep_bwd + share * slow.ep_comm_rerun),
+            "comm/cp": m * (slow.cp_comm_fwd + slow.cp_comm_bwd + share * slow.cp_comm_rerun),
             "overhead/host": m * t.host_excess,
             "comm/pp_p2p": p2p,
             "pipeline/bubble": bubble,
@@ -363,11 +364,12 @@ class StepModel:
         breakdown = {
             "compute/forward": half * device.forward,
             "compute/backward": half * device.backward,
-            "compute/recompute": half * device.recompute * share,
+            "compute/recompute": half * device.recompute_kernels * share,
             "compute/grad_accumulation": half * acc,
-            "comm/tp": half * (device.tp_comm_fwd + device.tp_comm_bwd),
-            "comm/ep": (pairs * (hide_fwd + hide_bwd) + alone * (device.ep_comm_fwd + device.ep_comm_bwd)) / 2,
-            "comm/cp": half * (device.cp_comm_fwd + device.cp_comm_bwd),
+            "comm/tp": half * (device.tp_comm_fwd + device.tp_comm_bwd + share * device.tp_comm_rerun),
+            "comm/ep": (pairs * (hide_fwd + hide_bwd) + alone * (device.ep_comm_fwd + device.ep_comm_bwd)) / 2
+            + half * share * device.ep_comm_rerun,
+            "comm/cp": half * (device.cp_comm_fwd + device.cp_comm_bwd + share * device.cp_comm_rerun),
             "overhead/host": host / 2,
             "comm/pp_p2p": p2p,
             "pipeline/bubble": bubble,
