@@ -72,15 +72,27 @@ def test_hf_converters_exact(folder, total, activated):
     assert activated_params(model) == pytest.approx(activated, rel=0.02)
 
 
+def _attention_kernels(model):
+    return [(layer.op, layer.get("flash"), layer.get("flash_version")) for layer, _ in model.counted()
+            if layer.op in ("attention", "mla")]
+
+
 def test_builtins_equal_converted_configs():
-    # the qwen3 built-in runs fused attention (flash, as Megatron-Bridge does); the MoE converters build plain attention
+    """A converted config.json runs fused attention as the built-in does (transformers' SDPA: FlashAttention-2;
+    MLA is fused in any case). The qwen3 built-in runs Megatron-Bridge's Hopper-generation kernel (flash_version
+    3), a converted config SDPA's FlashAttention-2: with flash_version 3 set, the two are the same model."""
     for name, folder, sets in (("mixtral-8x7b", "mixtral-8x7b-v0.1", {}), ("deepseek-v3", "deepseek-v3", {}),
-                               ("qwen3-30b-a3b", "qwen3-30b-a3b", {"flash": False})):
+                               ("qwen3-30b-a3b", "qwen3-30b-a3b", {"flash_version": 3})):
         config = json.loads((HF / folder / "config.json").read_text())
-        converted = model_from_dict(MOE_FAMILIES[config["model_type"]](config), folder, {"seq": 4096})
-        builtin = load_model(name, sets)
+        converted = model_from_dict(MOE_FAMILIES[config["model_type"]](config), folder, {"seq": 4096, **sets})
+        builtin = load_model(name)
         assert converted.total_params == builtin.total_params
+        assert _attention_kernels(converted) == _attention_kernels(builtin)
+        assert all(flash for _, flash, _ in _attention_kernels(builtin))
         assert _flops(converted) == _flops(builtin)
+    config = json.loads((HF / "qwen3-30b-a3b" / "config.json").read_text())
+    plain = model_from_dict(MOE_FAMILIES["qwen3_moe"](config), "qwen3", {"seq": 4096})
+    assert _attention_kernels(plain) == [("attention", True, 2)]
 
 
 def test_qwen3_235b_parameters():
