@@ -397,6 +397,31 @@ def test_group_limited_routing_dispatches_once_per_node():
     assert ep_exchange(Use(flat, 1, False), 1, 2, 1, par) > 1.5 * expected
 
 
+def test_expert_groups_with_context_parallelism_stay_in_the_stage():
+    """Megatron-Core builds the expert groups from their own rank generator with cp folded into the expert data
+    parallelism (order tp-ep-dp): ep ranks tp apart, the expert-data-parallel replicas tp*ep apart, together the
+    stage's tp*cp*dp devices. tp 1, cp 4, dp 8, ep 8 on 8-GPU nodes: the ep group is one node (it was priced
+    tp*cp = 4 apart over four nodes); cp 2, dp 4, ep 2 on one node: the experts' gradient replicas {0, 2, 4, 6}
+    stay on NVLink (tp*cp*ep = 4 apart, {0, 4, 8, 12}, reached past the node's 8 devices onto InfiniBand)."""
+    import dlperf.comm as comm
+    from dlperf.engine.stage import StageCost
+    from dlperf.engine.step import _dp_comm, _expert_group, _parallel
+
+    hw = load_hardware("dgx-h100")
+    plan = Plan(devices=32, cp=4, ep=8, global_batch=32, micro_batch=1)
+    assert _parallel(comm, hw, plan).ep_nodes == 1
+    for p in (plan, Plan(devices=16, cp=2, ep=4, global_batch=16, micro_batch=1),
+              Plan(devices=64, tp=2, cp=2, ep=4, global_batch=64, micro_batch=1)):
+        group = _expert_group(p)
+        assert group.data_parallel * group.tp == p.tp * p.cp * p.data_parallel  # spans the stage, no further
+    # cp 2, dp 4, ep 2 on 8 devices: the two replicas of an expert shard are devices 0 and 2, one node
+    small = Plan(devices=8, cp=2, ep=2, global_batch=8, micro_batch=1)
+    stage = StageCost(forward=1.0, backward=1.0, params=1e9, synced_params=1e9)
+    inside = _dp_comm(hw, _expert_group(small), stage, "bf16", comm)[0]
+    assert inside == pytest.approx(_dp_comm(hw, small.with_(dp=4, tp=2, cp=1, ep=1), stage, "bf16", comm)[0])
+    assert inside < 0.5 * _dp_comm(hw, small.with_(dp=4, tp=4, cp=1, ep=1), stage, "bf16", comm)[0]
+
+
 def test_grouped_gemm_reads_every_resident_experts_weights():
     """Same FLOPs whatever the experts per device; weight traffic of the expert GEMMs scales with them."""
     from dlperf.ops.moe import moe_kernels
