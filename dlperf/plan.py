@@ -167,7 +167,7 @@ def _check_activation_knobs(plan: Plan) -> None:
         raise PlanError(f"--ep-dispatcher {plan.ep_dispatcher} moves expert tokens: it needs ep > 1", found=plan.ep)
 
 
-def _check_degrees(plan: Plan) -> None:
+def check_degrees(plan: Plan) -> None:
     """dp*tp*pp(*cp) = devices, and expert parallelism carved out of the data-parallel group."""
     inner, names = plan.tp * plan.pp * plan.cp, "tp*pp" + ("*cp" if plan.cp > 1 else "")
     if plan.dp is None and plan.devices % inner:
@@ -238,7 +238,7 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
         _choice("dtype", plan.dtype, DTYPES)
     if plan.zero not in (0, 1, 2, 3):
         raise PlanError("zero", expected="0, 1, 2 or 3", found=plan.zero)
-    _check_degrees(plan)
+    check_degrees(plan)
     dp = plan.data_parallel
     if plan.global_batch % dp:
         raise PlanError(f"global batch {plan.global_batch} is not divisible by dp={dp}")

@@ -142,3 +142,31 @@ def test_cli_bad_config_exits_2_with_one_line(run, tmp_path: Path) -> None:  # n
     code, out, err = run("show", path)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "missing field" in err
+
+
+@pytest.mark.parametrize(("folder", "key", "value"), [
+    ("qwen3-30b-a3b", "num_experts", "x"), ("qwen3-30b-a3b", "num_hidden_layers", True),
+    ("qwen3-30b-a3b", "decoder_sparse_step", 0), ("qwen3-30b-a3b", "mlp_only_layers", 3),
+    ("qwen3-30b-a3b", "hidden_size", 2.5), ("qwen3-30b-a3b", "num_experts", None),
+    ("mixtral-8x7b-v0.1", "num_local_experts", "8"), ("deepseek-v3", "first_k_dense_replace", -1),
+    ("deepseek-v3", "moe_layer_freq", 0),
+])
+def test_moe_config_bad_field_is_one_located_line(run, tmp_path: Path, folder: str, key: str, value: object) -> None:  # noqa: ANN001
+    """The MoE converters check what they compute with (a string compared, a modulo by zero, a bool taken as one
+    layer): one line at the field's own line, exit 2, never the internal-error net."""
+    from dlperf.cli import INTERNAL
+
+    body = json.loads(Path(config(folder)).read_text())
+    body[key] = value
+    path = _write(tmp_path, body)
+    code, out, err = run("predict", path, "dgx-h100", "--gpus", "8", "--global-batch", "8", "--set", "seq=1024")
+    assert code == 2 and INTERNAL not in err and len(err.strip().splitlines()) == 1, err
+    assert f"config.json:{_line(path, key)}: {key}" in err
+
+
+def test_moe_config_missing_field_points_at_the_config(tmp_path: Path) -> None:
+    body = json.loads(Path(config("qwen3-30b-a3b")).read_text())
+    del body["num_experts"]
+    with pytest.raises(SpecError, match="num_experts") as err:
+        load_model(_write(tmp_path, body))
+    assert "config.json:1:" in str(err.value)

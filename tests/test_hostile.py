@@ -263,6 +263,32 @@ def test_unbounded_option_values_are_refused(run, args):
     assert code == 2
 
 
+PLAN_COMBINATIONS = [
+    ["--gpus", "16", "--pp", "32"], ["--gpus", "16", "--pp", "64", "--schedule", "dualpipe"],
+    ["--gpus", "16", "--pp", "32", "--schedule", "interleaved", "--virtual-stages", "2"],
+    ["--gpus", "16", "--pp", "1", "--schedule", "dualpipe"], ["--gpus", "16", "--pp", "3", "--schedule", "dualpipe"],
+    ["--gpus", "16", "--pp", "4", "--schedule", "dualpipe", "--global-batch", "16"],
+    ["--gpus", "16", "--pp", "4", "--schedule", "dualpipe", "--global-batch", "64", "--recompute", "full"],
+    ["--gpus", "16", "--pp", "4", "--schedule", "dualpipe", "--global-batch", "64", "--virtual-stages", "2"],
+    ["--gpus", "16", "--pp", "4", "--schedule", "dualpipe", "--global-batch", "64", "--zero", "3", "--zero-impl",
+     "deepspeed-0.3"],
+    ["--gpus", "16", "--ep", "3"], ["--gpus", "16", "--ep", "32"], ["--gpus", "16", "--cp", "32"],
+    ["--gpus", "16", "--cp", "3"], ["--gpus", "16", "--pp", "4", "--cp", "2", "--ep", "4"],
+    ["--gpus", "16", "--cp", "2", "--cp-algorithm", "ulysses", "--tp", "16"],
+    ["--gpus", "16", "--ep-dispatcher", "deepep"], ["--gpus", "16", "--ep-overlap"],
+]
+
+
+@pytest.mark.parametrize("args", PLAN_COMBINATIONS, ids=lambda a: " ".join(a[2:]))
+def test_bad_degree_combinations_give_one_line(run, args):
+    """Degrees that cannot hold together (more stages than devices, ep or cp that do not divide, DualPipe's
+    rules): one line, exit 2, never the internal-error net (pp > devices divided by zero filling in the
+    micro-batch note)."""
+    code, out, err = run("predict", "mixtral-8x7b", "dgx-h100", *args, "--set", "seq=1024")
+    check_outcome(code, out, err)
+    assert code == 2, (args, out[-300:])
+
+
 def test_max_memory_needs_a_unit_and_names_the_option(run):
     for value in ("40", "-4GiB"):
         code, _, err = run("search", "lenet5", "dgx-a100", "--gpus", "2", "--global-batch", "8", "--max-memory", value)

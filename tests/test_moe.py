@@ -72,15 +72,27 @@ def test_hf_converters_exact(folder, total, activated):
     assert activated_params(model) == pytest.approx(activated, rel=0.02)
 
 
+def _attention_kernels(model):
+    return [(layer.op, layer.get("flash"), layer.get("flash_version")) for layer, _ in model.counted()
+            if layer.op in ("attention", "mla")]
+
+
 def test_builtins_equal_converted_configs():
-    # the qwen3 built-in runs fused attention (flash, as Megatron-Bridge does); the MoE converters build plain attention
+    """A converted config.json runs fused attention as the built-in does (transformers' SDPA: FlashAttention-2;
+    MLA is fused in any case). The qwen3 built-in runs Megatron-Bridge's Hopper-generation kernel (flash_version
+    3), a converted config SDPA's FlashAttention-2: with flash_version 3 set, the two are the same model."""
     for name, folder, sets in (("mixtral-8x7b", "mixtral-8x7b-v0.1", {}), ("deepseek-v3", "deepseek-v3", {}),
-                               ("qwen3-30b-a3b", "qwen3-30b-a3b", {"flash": False})):
+                               ("qwen3-30b-a3b", "qwen3-30b-a3b", {"flash_version": 3})):
         config = json.loads((HF / folder / "config.json").read_text())
-        converted = model_from_dict(MOE_FAMILIES[config["model_type"]](config), folder, {"seq": 4096})
-        builtin = load_model(name, sets)
+        converted = model_from_dict(MOE_FAMILIES[config["model_type"]](config), folder, {"seq": 4096, **sets})
+        builtin = load_model(name)
         assert converted.total_params == builtin.total_params
+        assert _attention_kernels(converted) == _attention_kernels(builtin)
+        assert all(flash for _, flash, _ in _attention_kernels(builtin))
         assert _flops(converted) == _flops(builtin)
+    config = json.loads((HF / "qwen3-30b-a3b" / "config.json").read_text())
+    plain = model_from_dict(MOE_FAMILIES["qwen3_moe"](config), "qwen3", {"seq": 4096})
+    assert _attention_kernels(plain) == [("attention", True, 2)]
 
 
 def test_qwen3_235b_parameters():
@@ -383,6 +395,31 @@ def test_group_limited_routing_dispatches_once_per_node():
     assert ep_exchange(Use(layer, 1, False), 1, 2, 1, par) == pytest.approx(expected, rel=1e-12)
     flat = replace(layer, attrs=tuple((k, None if k in ("groups", "top_groups") else v) for k, v in layer.attrs))
     assert ep_exchange(Use(flat, 1, False), 1, 2, 1, par) > 1.5 * expected
+
+
+def test_expert_groups_with_context_parallelism_stay_in_the_stage():
+    """Megatron-Core builds the expert groups from their own rank generator with cp folded into the expert data
+    parallelism (order tp-ep-dp): ep ranks tp apart, the expert-data-parallel replicas tp*ep apart, together the
+    stage's tp*cp*dp devices. tp 1, cp 4, dp 8, ep 8 on 8-GPU nodes: the ep group is one node (it was priced
+    tp*cp = 4 apart over four nodes); cp 2, dp 4, ep 2 on one node: the experts' gradient replicas {0, 2, 4, 6}
+    stay on NVLink (tp*cp*ep = 4 apart, {0, 4, 8, 12}, reached past the node's 8 devices onto InfiniBand)."""
+    import dlperf.comm as comm
+    from dlperf.engine.stage import StageCost
+    from dlperf.engine.step import _dp_comm, _expert_group, _parallel
+
+    hw = load_hardware("dgx-h100")
+    plan = Plan(devices=32, cp=4, ep=8, global_batch=32, micro_batch=1)
+    assert _parallel(comm, hw, plan).ep_nodes == 1
+    for p in (plan, Plan(devices=16, cp=2, ep=4, global_batch=16, micro_batch=1),
+              Plan(devices=64, tp=2, cp=2, ep=4, global_batch=64, micro_batch=1)):
+        group = _expert_group(p)
+        assert group.data_parallel * group.tp == p.tp * p.cp * p.data_parallel  # spans the stage, no further
+    # cp 2, dp 4, ep 2 on 8 devices: the two replicas of an expert shard are devices 0 and 2, one node
+    small = Plan(devices=8, cp=2, ep=2, global_batch=8, micro_batch=1)
+    stage = StageCost(forward=1.0, backward=1.0, params=1e9, synced_params=1e9)
+    inside = _dp_comm(hw, _expert_group(small), stage, "bf16", comm)[0]
+    assert inside == pytest.approx(_dp_comm(hw, small.with_(dp=4, tp=2, cp=1, ep=1), stage, "bf16", comm)[0])
+    assert inside < 0.5 * _dp_comm(hw, small.with_(dp=4, tp=4, cp=1, ep=1), stage, "bf16", comm)[0]
 
 
 def test_grouped_gemm_reads_every_resident_experts_weights():

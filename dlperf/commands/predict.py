@@ -140,6 +140,9 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
 
         return default_plan(model, hw, base, notes)
     if base.pp > 1 and base.micro_batch is None:
+        from dlperf.plan import check_degrees
+
+        check_degrees(base)  # the note below counts micro-batches over dp, which must exist (pp > devices: none)
         # Megatron-LM's default and its published runs: micro-batch 1 with pipelining, so that the m = B/(dp*b)
         # micro-batches fill the pipeline (bubble (pp-1)/(m+pp-1); Narayanan et al. 2021, section 2.2 and Table 1)
         base = base.with_(micro_batch=1)

@@ -52,6 +52,9 @@ class StageCost:
     cp_comm_bwd: Any = 0.0
     expert_params: Any = 0          # the routed experts' share of `params` when ep > 1 (reduced over edp)
     backward_weight: Any = 0.0      # the weight-gradient share of `backward` (DualPipe's W; see _weight_share)
+    tp_comm_rerun: Any = 0.0        # the tp collectives full recomputation reruns (a part of `recompute`)
+    ep_comm_rerun: Any = 0.0        # ... the expert all-to-alls it reruns
+    cp_comm_rerun: Any = 0.0        # ... the context-parallel exchange it reruns
 
     @property
     def dp_params(self) -> Any:
@@ -61,12 +64,19 @@ class StageCost:
         """Two parts of one device's work run one after the other (e.g. the convolutional body and the head)."""
         names = ("forward", "backward", "recompute", "tp_comm_fwd", "tp_comm_bwd", "params",
                  "saved_bytes", "saved_outside", "host_fwd", "host_bwd", "host_recompute", "ep_comm_fwd", "ep_comm_bwd",
-                 "cp_comm_fwd", "cp_comm_bwd", "expert_params", "backward_weight")
+                 "cp_comm_fwd", "cp_comm_bwd", "expert_params", "backward_weight", "tp_comm_rerun", "ep_comm_rerun",
+                 "cp_comm_rerun")
         out = StageCost(**{n: getattr(self, n) + getattr(other, n) for n in names})
         for part in (self, other):
             for key, value in part.per_type.items():
                 out.per_type[key] = out.per_type.get(key, 0.0) + value
         return out
+
+    @property
+    def recompute_kernels(self) -> Any:
+        """The device seconds of `recompute` that are kernels: less the collectives the rerun repeats, which a
+        breakdown files under comm/tp, comm/ep and comm/cp beside the forward pass's own."""
+        return self.recompute - self.tp_comm_rerun - self.ep_comm_rerun - self.cp_comm_rerun
 
     @property
     def forward_window(self) -> Any:
@@ -238,6 +248,7 @@ def _add_tp_comm(out: StageCost, use: Use, batch: Any, e: int, tp: int, recomput
                 out.host_fwd + host
             if _full_rerun(recompute, use):
                 out.recompute = out.recompute + comm + slowdown
+                out.tp_comm_rerun = out.tp_comm_rerun + comm
                 out.host_recompute = out.host_recompute + host
         else:
             out.tp_comm_bwd, out.backward, out.host_bwd = out.tp_comm_bwd + comm, out.backward + slowdown, \
@@ -270,20 +281,22 @@ def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute:
     """Expert all-to-alls of a MoE layer and the context-parallel exchange of an attention layer; with ep > 1
     the routed experts' parameters are sharded ep ways on top of tp."""
     layer, count = use.layer, use.count
-    fwd = bwd = 0.0
+    ep = cp = 0.0  # the forward exchanges, which full recomputation reruns
     if par.ep > 1 and layer.op == "moe":
-        fwd = bwd = ep_exchange(use, batch, e, tp, par)
-        out.ep_comm_fwd = out.ep_comm_fwd + count * fwd
-        out.ep_comm_bwd = out.ep_comm_bwd + count * bwd
+        ep = ep_exchange(use, batch, e, tp, par)
+        out.ep_comm_fwd = out.ep_comm_fwd + count * ep
+        out.ep_comm_bwd = out.ep_comm_bwd + count * ep
         experts = OPS[layer.op].expert_params(layer) / (tp if use.sharded else 1)
         out.params = out.params - count * experts * (1 - 1 / par.ep)
         out.expert_params = out.expert_params + count * experts / par.ep
     if par.cp > 1 and layer.op in ATTENTION_OPS:
-        fwd, bwd = cp_exchange(use, batch, e, tp, par, core[0], core[1])
-        out.cp_comm_fwd = out.cp_comm_fwd + count * fwd
+        cp, bwd = cp_exchange(use, batch, e, tp, par, core[0], core[1])
+        out.cp_comm_fwd = out.cp_comm_fwd + count * cp
         out.cp_comm_bwd = out.cp_comm_bwd + count * bwd
     if _full_rerun(recompute, use):
-        out.recompute = out.recompute + count * fwd
+        out.recompute = out.recompute + count * (ep + cp)
+        out.ep_comm_rerun = out.ep_comm_rerun + count * ep
+        out.cp_comm_rerun = out.cp_comm_rerun + count * cp
 
 
 def _full_rerun(recompute: str, use: Use) -> bool:

@@ -292,7 +292,7 @@ class StepModel:
             return self._dualpipe(plan, dtype, e, staged, m, with_memory)
         stages, slow, params, boundary = staged
         passes = {key: self._passes(plan, s, dtype, m) for key, s in {id(s): s for s in stages}.items()}
-        t = passes[id(slow)]
+        t, share = passes[id(slow)], recompute_share(plan, m)
         busy, _, p2p = schedule_time(t.fwd, t.bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v)
         # Fill and drain: the first micro-batch's forward and the last one's backward cross every other stage once
         # (per model chunk with interleaving), at that stage's own pace; the slowest stage sets the steady state.
@@ -306,11 +306,12 @@ class StepModel:
         breakdown = {
             "compute/forward": m * slow.forward,
             "compute/backward": m * slow.backward,
-            "compute/recompute": m * t.recompute,
+            # the rerun's collectives under comm/*, as the forward's: compute/recompute <= the blocks' forward
+            "compute/recompute": m * share * slow.recompute_kernels,
             "compute/grad_accumulation": m * t.accumulate,
-            "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd),
-            "comm/ep": m * (t.ep_fwd + t.ep_bwd),
-            "comm/cp": m * (slow.cp_comm_fwd + slow.cp_comm_bwd),
+            "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd + share * slow.tp_comm_rerun),
+            "comm/ep": m * (t.ep_fwd + t.ep_bwd + share * slow.ep_comm_rerun),
+            "comm/cp": m * (slow.cp_comm_fwd + slow.cp_comm_bwd + share * slow.cp_comm_rerun),
             "overhead/host": m * t.host_excess,
             "comm/pp_p2p": p2p,
             "pipeline/bubble": bubble,
@@ -363,11 +364,12 @@ class StepModel:
         breakdown = {
             "compute/forward": half * device.forward,
             "compute/backward": half * device.backward,
-            "compute/recompute": half * device.recompute * share,
+            "compute/recompute": half * device.recompute_kernels * share,
             "compute/grad_accumulation": half * acc,
-            "comm/tp": half * (device.tp_comm_fwd + device.tp_comm_bwd),
-            "comm/ep": (pairs * (hide_fwd + hide_bwd) + alone * (device.ep_comm_fwd + device.ep_comm_bwd)) / 2,
-            "comm/cp": half * (device.cp_comm_fwd + device.cp_comm_bwd),
+            "comm/tp": half * (device.tp_comm_fwd + device.tp_comm_bwd + share * device.tp_comm_rerun),
+            "comm/ep": (pairs * (hide_fwd + hide_bwd) + alone * (device.ep_comm_fwd + device.ep_comm_bwd)) / 2
+            + half * share * device.ep_comm_rerun,
+            "comm/cp": half * (device.cp_comm_fwd + device.cp_comm_bwd + share * device.cp_comm_rerun),
             "overhead/host": host / 2,
             "comm/pp_p2p": p2p,
             "pipeline/bubble": bubble,
@@ -621,7 +623,7 @@ def _replicas(comm: Any, hw: Hardware, plan: Plan, twin: Twin) -> tuple[Any, flo
     replicas at each of the two pipeline ranks that hold the stage, placed where they sit. Each half spreads
     evenly over its pipeline rank's devices: the dense group's dp*cp ranks tp apart, the experts' dp*cp/ep ranks
     tp*ep apart (Megatron-Core's expert ranks fold cp into dp, order tp-ep-dp-pp: megatron/core/parallel_state.py,
-    expert_decoder_rank_generator with cp=1), which is `_expert_group`'s tp*cp*ep when cp = 1."""
+    expert_decoder_rank_generator with cp=1), as `_expert_group` places them."""
     if twin is None:
         return comm.Group(plan.data_parallel, plan.tp), _overlap_contention(hw, plan.tp * plan.data_parallel)
     first, second, block = twin
@@ -634,7 +636,7 @@ def _ep_contention(hw: Hardware, plan: Plan) -> float:
     """As `_overlap_contention` for the expert all-to-alls: NCCL's channels, or DeepEP's DEEPEP_SMS."""
     if plan.ep_dispatcher == "deepep" and hw.device.sms is not None:
         return min(DEEPEP_SMS / hw.device.sms, 1.0)
-    return _overlap_contention(hw, plan.tp * plan.cp * plan.ep)
+    return _overlap_contention(hw, plan.tp * plan.ep)  # the ep group's span (`_parallel`)
 
 
 def _level_for_stride(hw: Hardware, stride: int) -> int:
@@ -795,7 +797,7 @@ def _grad_sync(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
                units: Any, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
     """Gradient synchronisation with context and expert parallelism (Megatron-Core's groups): context-parallel
     ranks hold the same weights, so dense gradients are reduced (and ZeRO-sharded) over dp*cp ranks, tp apart;
-    the routed experts' gradients over the expert-data-parallel group, dp*cp/ep ranks tp*cp*ep apart, in the
+    the routed experts' gradients over the expert-data-parallel group, dp*cp/ep ranks tp*ep apart, in the
     backward time the dense reduction leaves. Without either it is `_dp_comm` unchanged. Under DualPipe each
     group has its replicas at two pipeline ranks (`twin`), half of them at each."""
     if plan.cp == 1 and mathx.is_zero(slow.expert_params):
@@ -816,9 +818,11 @@ def _dense_group(plan: Plan) -> Plan:
 
 
 def _expert_group(plan: Plan) -> Plan:
-    """The plan as the experts' gradients see it: dp*cp/ep replicas, tp*cp*ep apart (the stride is the tp field
-    of a plan that only prices the reduction)."""
-    return plan.with_(dp=plan.expert_data_parallel, tp=plan.tp * plan.cp * plan.ep, cp=1, ep=1)
+    """The plan as the experts' gradients see it: dp*cp/ep replicas, tp*ep apart (the stride is the tp field
+    of a plan that only prices the reduction). Megatron-Core builds the expert groups from their own rank
+    generator, cp folded into the expert data parallelism (`_parallel`), so the replicas of one expert shard lie
+    tp*ep apart and span the stage's tp*cp*dp devices; tp*cp*ep ran cp times past them when cp > 1."""
+    return plan.with_(dp=plan.expert_data_parallel, tp=plan.tp * plan.ep, cp=1, ep=1)
 
 
 def _optimizer_time_split(hw: Hardware, plan: Plan, params: Any, expert_params: Any, fp8_params: Any = 0) -> Any:
@@ -833,15 +837,18 @@ def _optimizer_time_split(hw: Hardware, plan: Plan, params: Any, expert_params: 
 
 
 def _parallel(comm: Any, hw: Hardware, plan: Plan) -> Parallel | None:
-    """Expert and context parallelism with their groups placed as Megatron-Core orders ranks (tp innermost, then
-    cp, then dp, out of which ep is carved): ep ranks tp*cp apart, cp ranks tp apart."""
+    """Expert and context parallelism with their groups placed as Megatron-Core orders ranks: the attention's
+    generator puts tp innermost, then cp, then dp (cp ranks tp apart); the experts' own generator folds cp into
+    the expert data parallelism, order tp-ep-dp (expert_decoder_rank_generator: tp = expert tp, ep, dp = world /
+    (etp*ep*pp), cp = 1; NVIDIA/Megatron-LM @00caa53a megatron/core/parallel_state.py, initialize_model_parallel),
+    so ep ranks lie tp apart whatever cp is (expert tp = tp, its default)."""
     if plan.ep == 1 and plan.cp == 1:
         return None
-    ep_group, cp_group = comm.Group(plan.ep, plan.tp * plan.cp), comm.Group(plan.cp, plan.tp)
+    ep_group, cp_group = comm.Group(plan.ep, plan.tp), comm.Group(plan.cp, plan.tp)
     level = _level_for_stride(hw, plan.tp * plan.cp - 1)
     crossing = (hw.network[0].size or 1) if level > 0 else 1
     local, nodes = _ep_per_node(hw, plan)
-    across, inside = comm.Group(nodes, plan.tp * plan.cp * local), comm.Group(local, plan.tp * plan.cp)
+    across, inside = comm.Group(nodes, plan.tp * local), comm.Group(local, plan.tp)
     return Parallel(
         ep=plan.ep, cp=plan.cp, cp_algorithm=plan.cp_algorithm, imbalance=plan.imbalance,
         ep_alltoall=lambda nbytes: comm.collective_time("alltoall", nbytes, ep_group, hw),
@@ -869,8 +876,8 @@ def _ep_exposed(plan: Plan, slow: StageCost, m: Any) -> tuple[Any, Any]:
 
 
 def _ep_per_node(hw: Hardware, plan: Plan) -> tuple[int, int]:
-    """(ep ranks inside one node, nodes the ep group spans): its ranks are tp*cp apart."""
-    node, stride = hw.network[0].size or plan.ep * plan.tp * plan.cp, plan.tp * plan.cp
+    """(ep ranks inside one node, nodes the ep group spans): its ranks are tp apart (`_parallel`)."""
+    node, stride = hw.network[0].size or plan.ep * plan.tp, plan.tp
     local = max(1, min(plan.ep, node // stride))
     return (local, plan.ep // local) if plan.ep % local == 0 else (plan.ep, 1)
 

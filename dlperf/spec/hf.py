@@ -16,15 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from dlperf.errors import SpecError
-from dlperf.spec.hf_moe import MOE_FAMILIES
+from dlperf.spec.hf_moe import FLASH_DEFAULT, MOE_FAMILIES
 from dlperf.spec.yamlio import closest, line_of, load_yaml_file
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-# Attention kernel of a converted model: transformers' default attention (attn_implementation "sdpa") is
-# F.scaled_dot_product_attention, which runs the FlashAttention-2 kernel for causal fp16/bf16 attention without
-# a padding mask (flash_version 2; Llama-family documents expose it as a param); an encoder with a padding mask
-# (BERT) falls back to unfused or memory-efficient kernels.
-FLASH_DEFAULT = {"causal": True, "encoder": False}
 
 
 def need(config: dict, key: str, kind: type = int) -> Any:

@@ -16,17 +16,45 @@ from typing import Any
 
 from dlperf.errors import SpecError
 from dlperf.ops import OPS
+from dlperf.spec.yamlio import line_of
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+# Attention kernel of a converted model: transformers' default attention (attn_implementation "sdpa") is
+# F.scaled_dot_product_attention, which runs the FlashAttention-2 kernel for causal fp16/bf16 attention without
+# a padding mask (flash_version 2; Llama-family documents expose it as a param); an encoder with a padding mask
+# (BERT) falls back to unfused or memory-efficient kernels. The MoE families run it too: their PreTrainedModel
+# classes set `_supports_sdpa = True` (transformers @00d4b3d2, models/qwen3_moe/modeling_qwen3_moe.py
+# Qwen3MoePreTrainedModel; Mixtral's and Qwen2-MoE's likewise); DeepSeek-V3's MLA is priced fused in any case.
+FLASH_DEFAULT = {"causal": True, "encoder": False}
 
 
-def _get(config: dict, key: str, default: Any = ...) -> Any:
-    if key in config and config[key] is not None:
-        return config[key]
-    if default is ...:
+def _get(config: dict, key: str, default: Any = ..., minimum: int = 1) -> Any:
+    """A config field, an integer >= `minimum` (every field these families read is a count or a size), else
+    `default` when absent or null; a missing or bad one is reported at its line (the config's when absent)."""
+    if key not in config or config[key] is None:
+        if default is not ...:
+            return default
         raise SpecError(f"config.json needs {key!r} for model_type {config.get('model_type')!r}",
-                        expected=f"a value for {key}", field=key)
-    return default
+                        expected=f"a value for {key}", field=key, line=line_of(config, key) or line_of(config))
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(field=key, expected=f"an integer >= {minimum}", found=value, line=line_of(config, key))
+    return value
+
+
+def _layer_list(config: dict, key: str) -> list[int]:
+    """A list of layer indices (Qwen's mlp_only_layers), [] when absent or null."""
+    value = config.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in value):
+        raise SpecError(field=key, expected="a list of layer indices", found=value, line=line_of(config, key))
+    return value
+
+
+def _flash() -> dict[str, Any]:
+    """The attention kernel params of a converted model (FLASH_DEFAULT: SDPA's FlashAttention-2)."""
+    return {"flash": FLASH_DEFAULT["causal"], "flash_version": 2}
 
 
 def _common_params(config: dict) -> dict[str, Any]:
@@ -69,7 +97,7 @@ def _attention(bias: bool, qk_norm: bool = False, qkv_bias: bool = False) -> lis
     attention op's `qkv_bias` where it has one, else as `bias` on all four (one extra hidden-wide bias)."""
     norm = [{"op": "qk_norm", "heads": "heads", "kv_heads": "kv_heads", "head_dim": "head_dim"}] if qk_norm else []
     attention = {"op": "attention", "heads": "heads", "kv_heads": "kv_heads", "head_dim": "head_dim",
-                 "causal": True, "bias": bias}
+                 "causal": True, "bias": bias, "flash": "flash", "flash_version": "flash_version"}
     if qkv_bias and not bias:
         attention.update({"qkv_bias": True} if "qkv_bias" in OPS["attention"].attrs else {"bias": True})
     return [{"residual": [{"op": "rmsnorm"}, *norm, attention]}]
@@ -105,7 +133,7 @@ def mixtral(config: dict) -> dict:
         "ffn": _get(config, "intermediate_size"),
         "experts": _get(config, "num_local_experts"),
         "top_k": _get(config, "num_experts_per_tok"),
-    }
+    } | _flash()
     blocks = {"moe_layer": {"layers": _attention(False) + _moe(experts="experts", top_k="top_k", ffn="ffn")}}
     body = _runs(["moe_layer"] * params["layers"])
     return _document(config, "mixtral", params, blocks, body, "transformers models/mixtral/modeling_mixtral.py "
@@ -115,8 +143,7 @@ def mixtral(config: dict) -> dict:
 def _qwen_sparse(config: dict, layer: int) -> bool:
     """transformers Qwen2MoeDecoderLayer: sparse when not in mlp_only_layers and (layer + 1) % step == 0."""
     step = _get(config, "decoder_sparse_step", 1)
-    return (layer not in _get(config, "mlp_only_layers", [])) and _get(config, "num_experts", 0) > 0 and \
-        (layer + 1) % step == 0
+    return layer not in _layer_list(config, "mlp_only_layers") and (layer + 1) % step == 0
 
 
 def _qwen(config: dict, family: str, qkv_bias: bool, qk_norm: bool, shared: bool) -> dict:
@@ -125,7 +152,7 @@ def _qwen(config: dict, family: str, qkv_bias: bool, qk_norm: bool, shared: bool
         "moe_ffn": _get(config, "moe_intermediate_size"),
         "experts": _get(config, "num_experts"),
         "top_k": _get(config, "num_experts_per_tok"),
-    }
+    } | _flash()
     moe_attrs: dict[str, Any] = {"experts": "experts", "top_k": "top_k", "ffn": "moe_ffn"}
     if shared:  # Qwen2-MoE: one shared expert of its own width, scaled by sigmoid(x w_gate)
         params["shared_ffn"] = _get(config, "shared_expert_intermediate_size")
@@ -158,7 +185,7 @@ def deepseek_v3(config: dict) -> dict:
         "moe_ffn": _get(config, "moe_intermediate_size"),
         "experts": _get(config, "n_routed_experts"),
         "top_k": _get(config, "num_experts_per_tok"),
-        "shared_experts": _get(config, "n_shared_experts", 0) or 1,
+        "shared_experts": _get(config, "n_shared_experts", 0, minimum=0) or 1,
         "kv_lora_rank": _get(config, "kv_lora_rank"),
         "qk_nope_head_dim": _get(config, "qk_nope_head_dim"),
         "qk_rope_head_dim": _get(config, "qk_rope_head_dim"),
@@ -181,7 +208,7 @@ def deepseek_v3(config: dict) -> dict:
         params.pop("shared_experts")
     blocks = {"dense_layer": {"layers": attention + _swiglu("ffn")},
               "moe_layer": {"layers": attention + _moe(**moe_attrs)}}
-    first, freq = _get(config, "first_k_dense_replace", 0), _get(config, "moe_layer_freq", 1)
+    first, freq = _get(config, "first_k_dense_replace", 0, minimum=0), _get(config, "moe_layer_freq", 1)
     kinds = ["moe_layer" if i >= first and i % freq == 0 else "dense_layer" for i in range(params["layers"])]
     return _document(config, "deepseek_v3", params, blocks, _runs(kinds),
                      "transformers models/deepseek_v3/modeling_deepseek_v3.py; DeepSeek-AI 2024 "
