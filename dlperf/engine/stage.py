@@ -7,7 +7,15 @@ from typing import Any
 
 from dlperf import mathx
 from dlperf.cost import Cost
-from dlperf.engine.context import ATTENTION_OPS, Parallel, core_divisor, cp_exchange, ep_exchange, expert_load
+from dlperf.engine.context import (
+    ATTENTION_OPS,
+    Parallel,
+    core_divisor,
+    cp_exchange,
+    ep_dispatch_extra,
+    ep_exchange,
+    expert_load,
+)
 from dlperf.engine.device import dispatch_times, kernel_times
 from dlperf.engine.layers import Use
 from dlperf.engine.overlap import exposed
@@ -273,6 +281,8 @@ def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute:
     fwd = bwd = 0.0
     if par.ep > 1 and layer.op == "moe":
         fwd = bwd = ep_exchange(use, batch, e, tp, par)
+        extra_fwd, extra_bwd = ep_dispatch_extra(use, batch, tp, par)
+        fwd, bwd = fwd + extra_fwd, bwd + extra_bwd
         out.ep_comm_fwd = out.ep_comm_fwd + count * fwd
         out.ep_comm_bwd = out.ep_comm_bwd + count * bwd
         experts = OPS[layer.op].expert_params(layer) / (tp if use.sharded else 1)
