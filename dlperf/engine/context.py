@@ -183,15 +183,18 @@ def ep_dispatch_extra(use: Use, batch: Any, tp: int, par: Parallel) -> tuple[Any
       starts only when the host has issued it (`par.sync_gap`). DeepEP's dispatch waits the same way ("the CPU
       will wait for GPU's signal to arrive", deepseek-ai/DeepEP README, normal kernels) but carries the
       probabilities inside its dispatch and counts in its own notify step, so only the gap applies there.
-    Experts padded to capacity have static sizes: no gather, no sync (`drop_and_pad`)."""
+    Experts padded to capacity have static sizes: no gather and no sync (`drop_and_pad`), the probabilities
+    still travel (capacity x E of them)."""
     layer = use.layer
-    if layer.get("capacity_factor"):
-        return 0.0, 0.0
     if par.ep_dispatcher != "alltoall":
-        return par.sync_gap, 0.0
+        return (0.0, 0.0) if layer.get("capacity_factor") else (par.sync_gap, 0.0)
+    capacity = layer.get("capacity_factor") or 1
+    load = 1 if layer.get("capacity_factor") else expert_load(layer, par)
+    probs = ROUTER_BYTES * batch * dispatch_elements(layer, capacity) / layer.in_shape[-1] / (tp * par.cp)
+    probs_alltoall = _alltoall(layer, par, probs * load)
+    if layer.get("capacity_factor"):
+        return probs_alltoall, probs_alltoall
     counts = par.ep_allgather(INDEX_BYTES * layer["experts"]) if par.ep_allgather else 0.0
-    probs = ROUTER_BYTES * batch * dispatch_elements(layer) / layer.in_shape[-1] / (tp * par.cp)
-    probs_alltoall = _alltoall(layer, par, probs * expert_load(layer, par))
     return counts + probs_alltoall + par.sync_gap, probs_alltoall
 
 
