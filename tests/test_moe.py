@@ -161,14 +161,20 @@ def _flat_hardware(name: str = "dgx-h100"):
 @pytest.mark.parametrize("ep", [2, 8])
 def test_alltoall_volume_matches_analytic_count(ep):
     """Each MoE layer sends tokens x top_k x hidden x bytes x (ep-1)/ep per rank per all-to-all, four times
-    (dispatch and combine, forward and backward): doubling the tokens adds exactly that volume's time."""
+    (dispatch and combine, forward and backward), and the routing probabilities (tokens x top_k fp32 values x
+    (ep-1)/ep, Megatron-Core's second dispatch all-to-all) forward and their gradients backward: doubling the
+    tokens adds exactly the token volume's time plus the probability all-to-alls' growth (small messages, priced
+    by NCCL's protocol choice; the per-layer count gather and host sync do not grow with the tokens)."""
     hw, rate = _flat_hardware()
     plan = Plan(devices=16, ep=ep, global_batch=32, micro_batch=1, zero=1, moe_imbalance=1.0)
     times = [predict(load_model("mixtral-8x7b", {"seq": seq}), hw, plan).breakdown_s["comm/ep"]
              for seq in (4096, 8192)]
     tokens, top_k, hidden, e = 4096, 2, 4096, 2  # the extra tokens per sample
     per_direction = tokens * top_k * hidden * e * (ep - 1) / ep
-    expected = 4 * 32 * per_direction / rate * plan.micro_batches
+    from dlperf import comm
+
+    probs = [comm.collective_time("alltoall", n * top_k * 4, comm.Group(ep, 1), hw) for n in (4096, 8192)]
+    expected = 32 * (4 * per_direction / rate + 2 * (probs[1] - probs[0])) * plan.micro_batches
     assert times[1] - times[0] == pytest.approx(expected, rel=1e-9)
 
 
@@ -434,3 +440,60 @@ def test_grouped_gemm_reads_every_resident_experts_weights():
     assert every["expert_gate_up"].work == one["expert_gate_up"].work
     assert every["expert_gate_up"].fwd_bytes - one["expert_gate_up"].fwd_bytes == 2 * 7 * d * 2 * f
     assert every["expert_down"].bwd_bytes - one["expert_down"].bwd_bytes == 2 * 2 * 7 * f * d
+
+
+def test_grouped_gemm_runs_one_gemm_per_expert_on_four_streams():
+    """Transformer Engine's grouped GEMM: one GEMM per resident expert, four at a time (TE_GEMM_STREAMS), so the
+    tiles are per expert, the device pays a startup per round of four, and the host one operator per call."""
+    from dlperf.ops.moe import TE_GEMM_STREAMS, moe_kernels
+
+    assert TE_GEMM_STREAMS == 4
+    layer = next(layer for layer, _ in load_model("mixtral-8x7b").counted() if layer.op == "moe")
+    rows, d, f = 4096 * 2, 4096, 14336  # one sample of 4096 tokens, top-2
+    cases = {None: ((4, rows / 8, 2 * f, d), 2), 2: ((2, rows / 2, 2 * f, d), 1), 1: ((1, rows, 2 * f, d), 1)}
+    for resident, (shape, rounds) in cases.items():
+        gate_up = next(k for k in moe_kernels(layer, 1, 2, resident) if k.name == "expert_gate_up")
+        assert gate_up.gemm == shape
+        assert gate_up.phase_launches == (rounds, 2 * rounds)
+        assert gate_up.host_ops == (1, 2)
+
+
+def test_per_expert_tiles_slow_small_groups():
+    """128 experts of 768 (Qwen3-30B-A3B) at 256 tokens: 16 rows per expert fill a sixteenth of a 256-row tile,
+    so the per-expert GEMMs take far longer than one [m, k] x [k, n] GEMM of the same FLOPs would. At 16 local
+    experts of 2048 rows (one 4096-token sample, ep 8) the tiles are full and four rounds fill as many waves as
+    the one GEMM: the forward costs three more rounds' startup and launch latency, nothing else."""
+    from dlperf.engine.device import kernel_times, startup_time
+    from dlperf.ops.dense import gemm
+    from dlperf.ops.moe import moe_kernels
+
+    hw = load_hardware("dgx-h100")
+    eff = hw.device.eff("matmul", "bf16")
+    round_cost = startup_time(eff, max(hw.device.peak_flops.values())) + hw.device.launch_latency
+    for seq, resident in ((256, None), (4096, 16)):
+        layer = next(layer for layer, _ in load_model("qwen3-30b-a3b", {"seq": seq}).counted() if layer.op == "moe")
+        grouped = next(k for k in moe_kernels(layer, 1, 2, resident) if k.name == "expert_gate_up")
+        one = replace(grouped, gemm=gemm("x", seq * 8, 2048, 1536, 2).gemm, launches=1, bwd_launches=None)
+        (fwd, _), (fwd_one, _) = (kernel_times(k, hw.device, "bf16", 1, "n") for k in (grouped, one))
+        if resident is None:
+            assert fwd > 2 * fwd_one
+        else:
+            assert fwd - fwd_one == pytest.approx(3 * round_cost, rel=1e-9)
+
+
+def test_alltoall_dispatcher_extra_work_by_hand():
+    """Megatron-Core's all-to-all dispatcher, forward: the token-count all-gather, the probability all-to-all and
+    the host-sync gap; backward: the probabilities' gradient all-to-all. DeepEP: the gap only. Padded to
+    capacity: no gather, no sync, the probabilities still travel."""
+    from dlperf.engine.context import Parallel, ep_dispatch_extra
+    from dlperf.engine.layers import Use
+
+    layer = next(layer for layer, _ in load_model("qwen3-30b-a3b").counted() if layer.op == "moe")
+    par = Parallel(ep=8, ep_alltoall=lambda n: 1e-9 * n, ep_allgather=lambda n: 1e-6 * n, sync_gap=3e-5)
+    probs = 4 * 4096 * 8  # fp32 per routed copy of one 4096-token sample
+    use = Use(layer, 1, False)
+    assert ep_dispatch_extra(use, 1, 1, par) == pytest.approx((8e-6 * 128 + 1e-9 * probs + 3e-5, 1e-9 * probs))
+    assert ep_dispatch_extra(use, 1, 1, replace(par, ep_dispatcher="deepep")) == (3e-5, 0.0)
+    padded = Use(replace(layer, attrs=tuple((k, 1.0 if k == "capacity_factor" else v) for k, v in layer.attrs)),
+                 1, False)
+    assert ep_dispatch_extra(padded, 1, 1, par) == pytest.approx((1e-9 * probs, 1e-9 * probs))

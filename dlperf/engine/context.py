@@ -26,7 +26,7 @@ from typing import Any
 from dlperf import mathx
 from dlperf.engine.layers import Use
 from dlperf.ops.base import Layer
-from dlperf.ops.moe import dispatch_elements, kv_width, qkv_widths
+from dlperf.ops.moe import INDEX_BYTES, ROUTER_BYTES, dispatch_elements, kv_width, qkv_widths
 from dlperf.ops.recompute import FP8_TILED
 
 ATTENTION_OPS = ("attention", "mla")
@@ -52,6 +52,8 @@ class Parallel:
     ep_alltoall_nodes: Callable[[Any], Any] | None = None  # over one rank per node (same in-node index)
     ep_alltoall_node: Callable[[Any], Any] | None = None   # over the ep ranks inside one node
     ep_dispatcher: str = "alltoall"                   # dlperf.plan.EP_DISPATCHERS
+    ep_allgather: Callable[[Any], Any] | None = None  # bytes per rank -> seconds, over the ep group
+    sync_gap: Any = 0.0                               # device idle seconds after a host sync (ep_dispatch_extra)
     fp8_dispatch: bool = False                        # deepep under an FP8 recipe: dispatch-direction legs in FP8
     cp_alltoall: Callable[[Any], Any] | None = None   # over the cp group (Ulysses)
     cp_send: Callable[[Any], Any] | None = None       # one ring hop
@@ -165,6 +167,35 @@ def ep_exchange(use: Use, batch: Any, e: int, tp: int, par: Parallel) -> Any:
     nbytes = dispatch_bytes(layer, batch, e, tp, par.cp) * load
     dispatch = nbytes * FP8_TILED / e if par.fp8_dispatch else nbytes
     return _alltoall(layer, par, dispatch) + _alltoall(layer, par, nbytes)
+
+
+def ep_dispatch_extra(use: Use, batch: Any, tp: int, par: Parallel) -> tuple[Any, Any]:
+    """(forward, backward) seconds a dropless MoE layer's dispatcher adds per micro-batch beyond the token
+    all-to-alls (ep_exchange), as Megatron-Core's all-to-all dispatcher runs (MoEAlltoAllTokenDispatcher in
+    megatron/core/transformer/moe/token_dispatcher.py, NVIDIA/Megatron-LM @d98e8a64):
+    - `preprocess` all-gathers each rank's tokens per expert (E int64 counts) over the expert-parallel group to
+      size the all-to-alls, forward;
+    - `token_dispatch` sends the routing probabilities (fp32, one per routed token copy) in an all-to-all of their
+      own after the tokens', and the backward returns their gradients the same way;
+    - the split sizes reach the host by a device-to-host copy that the host waits on ("A synchronization is
+      needed before expert parallel AlltoAll communication to get the `input_splits` and `output_splits` CPU
+      values", `_maybe_dtoh_and_synchronize` at "before_ep_alltoall"): the device runs dry, and the next kernel
+      starts only when the host has issued it (`par.sync_gap`). DeepEP's dispatch waits the same way ("the CPU
+      will wait for GPU's signal to arrive", deepseek-ai/DeepEP README, normal kernels) but carries the
+      probabilities inside its dispatch and counts in its own notify step, so only the gap applies there.
+    Experts padded to capacity have static sizes: no gather and no sync (`drop_and_pad`), the probabilities
+    still travel (capacity x E of them)."""
+    layer = use.layer
+    if par.ep_dispatcher != "alltoall":
+        return (0.0, 0.0) if layer.get("capacity_factor") else (par.sync_gap, 0.0)
+    capacity = layer.get("capacity_factor") or 1
+    load = 1 if layer.get("capacity_factor") else expert_load(layer, par)
+    probs = ROUTER_BYTES * batch * dispatch_elements(layer, capacity) / layer.in_shape[-1] / (tp * par.cp)
+    probs_alltoall = _alltoall(layer, par, probs * load)
+    if layer.get("capacity_factor"):
+        return probs_alltoall, probs_alltoall
+    counts = par.ep_allgather(INDEX_BYTES * layer["experts"]) if par.ep_allgather else 0.0
+    return counts + probs_alltoall + par.sync_gap, probs_alltoall
 
 
 def _alltoall(layer: Layer, par: Parallel, nbytes: Any) -> Any:

@@ -7,7 +7,15 @@ from typing import Any
 
 from dlperf import mathx
 from dlperf.cost import Cost
-from dlperf.engine.context import ATTENTION_OPS, Parallel, core_divisor, cp_exchange, ep_exchange, expert_load
+from dlperf.engine.context import (
+    ATTENTION_OPS,
+    Parallel,
+    core_divisor,
+    cp_exchange,
+    ep_dispatch_extra,
+    ep_exchange,
+    expert_load,
+)
 from dlperf.engine.device import dispatch_times, kernel_times
 from dlperf.engine.layers import Use
 from dlperf.engine.overlap import exposed
@@ -283,9 +291,11 @@ def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute:
     layer, count = use.layer, use.count
     ep = cp = 0.0  # the forward exchanges, which full recomputation reruns
     if par.ep > 1 and layer.op == "moe":
-        ep = ep_exchange(use, batch, e, tp, par)
+        exchange = ep_exchange(use, batch, e, tp, par)
+        extra_fwd, extra_bwd = ep_dispatch_extra(use, batch, tp, par)
+        ep = exchange + extra_fwd
         out.ep_comm_fwd = out.ep_comm_fwd + count * ep
-        out.ep_comm_bwd = out.ep_comm_bwd + count * ep
+        out.ep_comm_bwd = out.ep_comm_bwd + count * (exchange + extra_bwd)
         experts = OPS[layer.op].expert_params(layer) / (tp if use.sharded else 1)
         out.params = out.params - count * experts * (1 - 1 / par.ep)
         out.expert_params = out.expert_params + count * experts / par.ep

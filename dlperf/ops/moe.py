@@ -44,16 +44,37 @@ def _shared_width(layer: Layer) -> Any:
     return layer["shared_experts"] * (layer["shared_ffn"] or layer["ffn"])
 
 
+# Transformer Engine's GroupedLinear (Megatron-Core's TEGroupedMLP, --moe-grouped-gemm) runs a grouped GEMM as
+# one cuBLAS GEMM per expert, launched from C++ round-robin on TE's compute streams: "launch GEMM ...
+# detail::get_compute_stream(i % num_streams)" in multi_stream_cublas_gemm, transformer_engine/common/gemm/
+# cublaslt_gemm.cu, with "num_compute_streams = 4" in transformer_engine/common/util/multi_stream.cpp
+# (NVIDIA/TransformerEngine @d0067d0d; the CUTLASS grouped kernel is opt-in, NVTE_USE_CUTLASS_GROUPED_GEMM).
+TE_GEMM_STREAMS = 4
+
+
 def grouped_gemm(name: str, m: Any, k: Any, n: Any, e: int, groups: Any, tp_dim: str) -> Kernel:
-    """`groups` GEMMs [m_g, k] x [k, n] with sum(m_g) = m in one launch (a grouped GEMM): the FLOPs of one
-    [m, k] x [k, n] GEMM, but every group's weight matrix is read (forward, and for the data gradient) and its
-    gradient written (weight gradient), so weight traffic grows with the experts a device holds. Tile and wave
-    quantization see one [m, k] x [k, n] GEMM: per-group tiles are not modelled, since grouped-GEMM kernels pick
-    smaller row tiles for small groups than the dense-GEMM tile the engine assumes."""
+    """`groups` GEMMs [m_g, k] x [k, n] with sum(m_g) = m (one per resident expert, m_g = m / groups at even
+    load): the FLOPs of one [m, k] x [k, n] GEMM, but every group's weight matrix is read (forward, and for the
+    data gradient) and its gradient written (weight gradient), so weight traffic grows with the experts a device
+    holds.
+
+    The groups run as Transformer Engine runs them (TE_GEMM_STREAMS): one GEMM per expert, up to four at a time
+    on four streams. Tiles are per expert: a round of four concurrent GEMMs shares the SMs, so wave quantization
+    sees four [m_g, k] x [k, n] GEMMs (the weight gradient four [k, n] outputs reduced over m_g rows each, not
+    one reduced over all m rows), and each of the ceil(groups / 4) rounds pays a kernel's startup and launch
+    latency on the device. The host issues one framework operator per pass and direction; the per-expert
+    launches come from TE's C++ loop (framework_ops, as cuDNN's transform kernels). A single-kernel grouped GEMM
+    (DeepGEMM's contiguous layout, CUTLASS grouped GEMM) is the case of as many streams as groups."""
     kernel = gemm(name, m, k, n, e, tp_dim=tp_dim)
     more = e * (groups - 1) * k * n
-    return replace(kernel, cost=replace(kernel.cost, fwd_bytes=kernel.cost.fwd_bytes + more,
-                                        bwd_bytes=kernel.cost.bwd_bytes + 2 * more))
+    kernel = replace(kernel, cost=replace(kernel.cost, fwd_bytes=kernel.cost.fwd_bytes + more,
+                                          bwd_bytes=kernel.cost.bwd_bytes + 2 * more))
+    if not isinstance(groups, int) or groups <= 1:
+        return kernel
+    concurrent = min(TE_GEMM_STREAMS, groups)
+    rounds = -(-groups // concurrent)
+    return replace(kernel, gemm=(concurrent, m / groups, n, k), launches=rounds, bwd_launches=2 * rounds,
+                   framework_ops=1)
 
 
 def _ffn_kernels(prefix: str, rows: Any, d: Any, f: Any, gated: bool, e: int, expert: bool,
