@@ -114,6 +114,7 @@ class Setup:
     nvls_bw: float | None  # measured NVLS allreduce busbw, GB/s (single node only)
     ll128: bool
     peer_bw: float  # mean bandwidth to the peers (GB/s), for point-to-point operations
+    fill: tuple[float, float] | None = None  # one-node pipeline fill (bytes, half size), FILL of the device's class
 
     @property
     def n2(self) -> int:
@@ -151,7 +152,7 @@ def _make_setup(placed: Placed, hw: Hardware) -> Setup:
         ring_bw=ring_bw, tree_bw=1e-9 / tree_beta,
         channels=_channels(placed, ring_bw / speed),
         nvls_bw=None if nvls is None else nvls * 1e-9, ll128=has_ll128(hw.device.name),
-        peer_bw=1e-9 / peer.beta,
+        peer_bw=1e-9 / peer.beta, fill=fill_constants(hw.device.name),
     )
 
 
@@ -424,16 +425,65 @@ def parse(op: str, text: str, s: Setup) -> list[tuple[str, int]]:
 CALL_OVERHEAD = 7.0e-6
 
 
+# Pipeline fill of a collective within one NVLink node, which the tuner's model (latency + n / bandwidth) also
+# leaves out. A ring (or NVLS) moves a message in chunks that NCCL sizes to the message (a channel's chunk, n / (P x
+# channels), grows with n up to the protocol's buffer slot), and each chunk crosses all the ring's steps before the
+# links stream, so the fill time grows with the message and levels off once the chunks reach full size: measured
+# nccl-tests times within one node exceed latency + n / bandwidth by a term that rises from ~0 at 64 KiB to a plateau
+# at 8-64 MiB (the "bandwidth ramp"). Priced as
+#     fill(n) = FILL_BYTES / algBw x n / (n + FILL_HALF)
+# with algBw = busBw x P / nSteps the algorithm bandwidth of the Simple protocol (NVLS for an all-reduce on a node
+# that has it): one fill of FILL_BYTES carried at the collective's own rate, so it scales with the ring's step count
+# (an all-gather or reduce-scatter, P-1 steps, pays half an all-reduce's 2(P-1); a pair pays 1/1.75 of 8 GPUs')
+# and more bandwidth never costs more. (FILL_BYTES, FILL_HALF) per NCCL architecture class, fitted by
+# benchmarks/fit_collective_overhead.py (least mean |log(model / measured)| over rows 64 KiB .. 1 GiB, with
+# CALL_OVERHEAD in place) to the independent one-node nccl-tests tables only:
+#   Ampere: oci-8x-a100-allreduce (8x A100 SXM4 40GB, OCI BM.GPU4.8, nccl-tests -g 8);
+#   Hopper: mlengineering-8x-h200-allreduce (8x H200, NCCL 2.27.7, NVLS from 2 MiB; torch-timed).
+# One table per class: the constants are as good as those two tables. vTrain's A100 tables (held out: their
+# cluster ran scored rows) are reported by the script, never fitted. Groups across nodes get no fill: there NCCL's
+# network latencies (14 us per step, x1.4 plateau) already reach the measured crusoe/nebius/gke tables. Volta and
+# Blackwell have no one-node table here and get none, nor does a device whose name names no fitted class (arch_index
+# takes an unknown device as Ampere for the tuner's constants; the fill is only applied where it was measured:
+# A100/A800, and H100/H200/H800, Hopper GPUs of the same NVLink 4 / NVSwitch generation as the H200 table's);
+# broadcast, reduce and point-to-point get none.
+FILL = {1: (10.0e6, 2**20.25), 2: (13.0e6, 2**21.75)}  # (bytes, bytes): 10 MB, 1.19 MiB; 13 MB, 3.36 MiB
+FILL_DEVICES = {1: ("A100", "A800"), 2: ("H100", "H200", "H800")}
+FILL_OPS = ("allreduce", "allgather", "reduce_scatter")
+
+
+def fill_constants(device_name: str) -> tuple[float, float] | None:
+    """(FILL_BYTES, FILL_HALF) of the device's architecture class, None where no one-node table measured it."""
+    name = device_name.upper()
+    for arch, tags in FILL_DEVICES.items():
+        if any(tag in name for tag in tags) and arch in FILL:
+            return FILL[arch]
+    return None
+
+
+def fill_time(op: str, n: Any, s: Setup) -> Any:
+    """Seconds of pipeline fill for n bytes of `op` within one node (0 across nodes): FILL_BYTES / algBw x
+    n / (n + FILL_HALF), algBw = busBw x P / nSteps of the Simple ring (or NVLS for an all-reduce)."""
+    if s.nodes != 1 or s.P == 1 or op not in FILL_OPS or s.fill is None:
+        return 0.0
+    fill_bytes, half = s.fill
+    bus = max(s.ring_bw, s.nvls_bw or 0.0) if op == "allreduce" else s.ring_bw
+    alg = bus * s.P / _nsteps(op, s.P)
+    return fill_bytes / (alg * 1e9) * n / (n + half)
+
+
 def nccl_time(op: str, n: Any, s: Setup, which: str = "nccl") -> Any:
     """Minimum over the (algorithm, protocol) pairs `which` names (NCCL's tuner), elementwise for arrays, plus
-    the per-call overhead they share."""
+    the per-call overhead and the one-node pipeline fill they share (added after the choice, which they leave
+    unchanged)."""
     if s.P == 1:
         return n * 0
     costs = [c for _, _, c in compiled(op, s)] if which == "nccl" else \
         [compile_cost(op, a, p, s) for a, p in parse(op, which, s)]
+    fill = fill_time(op, n, s)
     if isinstance(n, float | int):
-        return min(cost_time(c, n) for c in costs) + CALL_OVERHEAD
-    return mathx.minimum(*(cost_time(c, n) for c in costs)) + CALL_OVERHEAD
+        return min(cost_time(c, n) for c in costs) + CALL_OVERHEAD + fill
+    return mathx.minimum(*(cost_time(c, n) for c in costs)) + CALL_OVERHEAD + fill
 
 
 def nccl_choice(op: str, n: float, s: Setup, which: str = "nccl") -> str:
@@ -446,7 +496,8 @@ def nccl_choice(op: str, n: float, s: Setup, which: str = "nccl") -> str:
 
 def nccl_times(op: str, n: Any, s: Setup) -> dict[str, Any]:
     """Every candidate pair's time, by label."""
-    return {label(a, p): cost_time(c, n) + CALL_OVERHEAD for a, p, c in compiled(op, s)}
+    fill = fill_time(op, n, s)
+    return {label(a, p): cost_time(c, n) + CALL_OVERHEAD + fill for a, p, c in compiled(op, s)}
 
 
 def is_nccl(algorithm: str) -> bool:
