@@ -25,7 +25,10 @@ The model, per (algorithm a, protocol p), time in us with sizes in bytes and ban
   n / (threads x threshold)); continuous here (NCCL steps one channel at a time), which keeps time monotone in
   size. Channels = Simple busBw / the per-link bandwidth NCCL's search gives a channel (topo.h). The tree
   correction table (tuning.cc treeCorrectionFactor, per power of two) is interpolated in log2(size) for the
-  same reason.
+  same reason;
+- outside the tuner's model, added after its choice: the per-call start-up every nccl-tests iteration pays
+  (CALL_OVERHEAD) and, within one NVLink node, the pipeline fill of the ring's chunks (FILL), both fitted to the
+  published nccl-tests tables of dlperf/data/nccl_tests/ by benchmarks/fit_collective_overhead.py.
 
 The level `latency` of a hardware file is NCCL's Ring/Simple hop latency of its link class (as the built-in
 files say); the other (algorithm, protocol) hop latencies scale with it by tuning.cc's ratios, so a file that
@@ -419,8 +422,9 @@ def parse(op: str, text: str, s: Setup) -> list[tuple[str, int]]:
 # nccl-tests iteration pays. Median of (measured - modelled) over the rows up to 4 MiB of the published tables in
 # dlperf/data/nccl_tests/ (benchmarks/fit_collective_overhead.py): 7.0 us over 3 tables across two nodes (A100
 # InfiniBand, H100, H200 RoCE; 51 rows), 15.9 us over 2 within one node (8x A100 OCI, 8x H200 ml-engineering; 25
-# rows). One constant, the smaller: the one-node excess (NCCL's NVLink latencies look low) is left unpriced,
-# because a per-node figure would let a group spread over more nodes start faster. vTrain's tables are held out
+# rows). One constant, the smaller: the one-node excess at small sizes (NCCL's NVLink latencies look low) is left
+# unpriced, because a per-node figure would let a group spread over more nodes start faster; the excess that grows
+# with the message within one node is the pipeline fill below (FILL). vTrain's tables are held out
 # (their cluster ran the vTrain rows that `dlperf validate` scores). Microbenchmarks, never training runs.
 CALL_OVERHEAD = 7.0e-6
 
