@@ -421,37 +421,42 @@ def parse(op: str, text: str, s: Setup) -> list[tuple[str, int]]:
 # term is common to all of them): the kernel launch and the collective's start-up on every rank, which every
 # nccl-tests iteration pays. Median of (measured - modelled) over the rows up to 4 MiB of the published tables in
 # dlperf/data/nccl_tests/ (benchmarks/fit_collective_overhead.py): 7.0 us over 3 tables across two nodes (A100
-# InfiniBand, H100, H200 RoCE; 51 rows), 15.9 us over 2 within one node (8x A100 OCI, 8x H200 ml-engineering; 25
-# rows). One constant, the smaller: the one-node excess at small sizes (NCCL's NVLink latencies look low) is left
+# InfiniBand, H100, H200 RoCE; 51 rows), 12.2 us over 4 within one node (8x A100 OCI, Galvatron and thanos, 8x H200
+# ml-engineering; 48 rows; 15.9 us over the first two). One constant, the smaller: the one-node excess at small
+# sizes (NCCL's NVLink latencies look low; largely the -g 8 single-process launch of OCI and Galvatron) is left
 # unpriced, because a per-node figure would let a group spread over more nodes start faster; the excess that grows
-# with the message within one node is the pipeline fill below (FILL). vTrain's tables are held out
-# (their cluster ran the vTrain rows that `dlperf validate` scores). Microbenchmarks, never training runs.
+# with the message within one node is the pipeline fill below (FILL). vTrain's tables are held out (their cluster
+# ran the vTrain rows that `dlperf validate` scores). Microbenchmarks, never training runs.
 CALL_OVERHEAD = 7.0e-6
 
 
 # Pipeline fill of a collective within one NVLink node, which the tuner's model (latency + n / bandwidth) also
-# leaves out. A ring (or NVLS) moves a message in chunks that NCCL sizes to the message (a channel's chunk, n / (P x
-# channels), grows with n up to the protocol's buffer slot), and each chunk crosses all the ring's steps before the
-# links stream, so the fill time grows with the message and levels off once the chunks reach full size: measured
-# nccl-tests times within one node exceed latency + n / bandwidth by a term that rises from ~0 at 64 KiB to a plateau
-# at 8-64 MiB (the "bandwidth ramp"). Priced as
+# leaves out. A ring (or NVLS) moves a message in chunks that NCCL sizes to the message (a channel's chunk, about
+# n / (P x channels), grows with n up to the protocol's buffer slot), and the chunks cross all the ring's steps before
+# the links stream, so the fill grows with the message and levels off once the chunks reach full size: measured
+# one-node times exceed latency + n / bandwidth by a term that grows through the medium sizes and saturates.
+# Priced as
 #     fill(n) = FILL_BYTES / algBw x n / (n + FILL_HALF)
 # with algBw = busBw x P / nSteps the algorithm bandwidth of the Simple protocol (NVLS for an all-reduce on a node
 # that has it): one fill of FILL_BYTES carried at the collective's own rate, so it scales with the ring's step count
 # (an all-gather or reduce-scatter, P-1 steps, pays half an all-reduce's 2(P-1); a pair pays 1/1.75 of 8 GPUs')
 # and more bandwidth never costs more. (FILL_BYTES, FILL_HALF) per NCCL architecture class, fitted by
 # benchmarks/fit_collective_overhead.py (least mean |log(model / measured)| over rows 64 KiB .. 1 GiB, with
-# CALL_OVERHEAD in place) to the independent one-node nccl-tests tables only:
-#   Ampere: oci-8x-a100-allreduce (8x A100 SXM4 40GB, OCI BM.GPU4.8, nccl-tests -g 8);
-#   Hopper: mlengineering-8x-h200-allreduce (8x H200, NCCL 2.27.7, NVLS from 2 MiB; torch-timed).
-# One table per class: the constants are as good as those two tables. vTrain's A100 tables (held out: their
-# cluster ran scored rows) are reported by the script, never fitted. Groups across nodes get no fill: there NCCL's
-# network latencies (14 us per step, x1.4 plateau) already reach the measured crusoe/nebius/gke tables. Volta and
-# Blackwell have no one-node table here and get none, nor does a device whose name names no fitted class (arch_index
-# takes an unknown device as Ampere for the tuner's constants; the fill is only applied where it was measured:
-# A100/A800, and H100/H200/H800, Hopper GPUs of the same NVLink 4 / NVSwitch generation as the H200 table's);
-# broadcast, reduce and point-to-point get none.
-FILL = {1: (10.0e6, 2**20.25), 2: (13.0e6, 2**21.75)}  # (bytes, bytes): 10 MB, 1.19 MiB; 13 MB, 3.36 MiB
+# CALL_OVERHEAD in place) to the independent one-node nccl-tests tables run with one process per GPU, the way a
+# training job runs NCCL (dlperf/data/nccl_tests/, launch: per-gpu):
+#   Ampere: thanos-8x-a100-allreduce (8x A100 SXM4 80GB, mpirun -np 8, NCCL from the nvidia-nccl-cu12 wheel):
+#     22.5 MB, half size 90.5 MiB = 483 KiB per chunk over 8 ranks x 24 channels, NCCL's Simple slot (4 MiB buffer
+#     / NCCL_STEPS 8 = 512 KiB): the fill saturates where the chunks reach full size, at ~170 us on 8 A100s;
+#   Hopper: mlengineering-8x-h200-allreduce (8x H200, NCCL 2.27.7, NVLS from 2 MiB; torch-timed): 13 MB, 3.36 MiB.
+# Single-process runs (nccl-tests -g 8: oci-, galvatron-8x-a100-allreduce) are reported, not fitted: one thread
+# launches the 8 GPUs' kernels in turn, 15-50 us more at 1-16 MiB than one process per GPU on the same node (the
+# thanos source has both). vTrain's A100 tables (held out: their cluster ran scored rows) are reported, never fitted.
+# Groups across nodes get no fill: there NCCL's network latencies (14 us per step, x1.4 plateau) already reach the
+# measured crusoe/nebius/gke tables. Volta and Blackwell have no one-node table here and get none, nor does a device
+# whose name names no fitted class (arch_index takes an unknown device as Ampere for the tuner's constants; the fill
+# is only applied where it was measured: A100/A800, and H100/H200/H800, Hopper GPUs of the same NVLink 4 / NVSwitch
+# generation as the H200 table's); broadcast, reduce and point-to-point get none.
+FILL = {1: (22.5e6, 2**26.5), 2: (13.0e6, 2**21.75)}  # (bytes, bytes): 22.5 MB, 90.5 MiB; 13 MB, 3.36 MiB
 FILL_DEVICES = {1: ("A100", "A800"), 2: ("H100", "H200", "H800")}
 FILL_OPS = ("allreduce", "allgather", "reduce_scatter")
 
