@@ -25,7 +25,10 @@ The model, per (algorithm a, protocol p), time in us with sizes in bytes and ban
   n / (threads x threshold)); continuous here (NCCL steps one channel at a time), which keeps time monotone in
   size. Channels = Simple busBw / the per-link bandwidth NCCL's search gives a channel (topo.h). The tree
   correction table (tuning.cc treeCorrectionFactor, per power of two) is interpolated in log2(size) for the
-  same reason.
+  same reason;
+- outside the tuner's model, added after its choice: the per-call start-up every nccl-tests iteration pays
+  (CALL_OVERHEAD) and, within one NVLink node, the pipeline fill of the ring's chunks (FILL), both fitted to the
+  published nccl-tests tables of dlperf/data/nccl_tests/ by benchmarks/fit_collective_overhead.py.
 
 The level `latency` of a hardware file is NCCL's Ring/Simple hop latency of its link class (as the built-in
 files say); the other (algorithm, protocol) hop latencies scale with it by tuning.cc's ratios, so a file that
@@ -114,6 +117,7 @@ class Setup:
     nvls_bw: float | None  # measured NVLS allreduce busbw, GB/s (single node only)
     ll128: bool
     peer_bw: float  # mean bandwidth to the peers (GB/s), for point-to-point operations
+    fill: tuple[float, float] | None = None  # one-node pipeline fill (bytes, half size), FILL of the device's class
 
     @property
     def n2(self) -> int:
@@ -151,7 +155,7 @@ def _make_setup(placed: Placed, hw: Hardware) -> Setup:
         ring_bw=ring_bw, tree_bw=1e-9 / tree_beta,
         channels=_channels(placed, ring_bw / speed),
         nvls_bw=None if nvls is None else nvls * 1e-9, ll128=has_ll128(hw.device.name),
-        peer_bw=1e-9 / peer.beta,
+        peer_bw=1e-9 / peer.beta, fill=fill_constants(hw.device.name),
     )
 
 
@@ -417,23 +421,78 @@ def parse(op: str, text: str, s: Setup) -> list[tuple[str, int]]:
 # term is common to all of them): the kernel launch and the collective's start-up on every rank, which every
 # nccl-tests iteration pays. Median of (measured - modelled) over the rows up to 4 MiB of the published tables in
 # dlperf/data/nccl_tests/ (benchmarks/fit_collective_overhead.py): 7.0 us over 3 tables across two nodes (A100
-# InfiniBand, H100, H200 RoCE; 51 rows), 15.9 us over 2 within one node (8x A100 OCI, 8x H200 ml-engineering; 25
-# rows). One constant, the smaller: the one-node excess (NCCL's NVLink latencies look low) is left unpriced,
-# because a per-node figure would let a group spread over more nodes start faster. vTrain's tables are held out
-# (their cluster ran the vTrain rows that `dlperf validate` scores). Microbenchmarks, never training runs.
+# InfiniBand, H100, H200 RoCE; 51 rows), 12.2 us over 4 within one node (8x A100 OCI, Galvatron and thanos, 8x H200
+# ml-engineering; 48 rows; 15.9 us over the first two). One constant, the smaller: the one-node excess at small
+# sizes (NCCL's NVLink latencies look low; largely the -g 8 single-process launch of OCI and Galvatron) is left
+# unpriced, because a per-node figure would let a group spread over more nodes start faster; the excess that grows
+# with the message within one node is the pipeline fill below (FILL). vTrain's tables are held out (their cluster
+# ran the vTrain rows that `dlperf validate` scores). Microbenchmarks, never training runs.
 CALL_OVERHEAD = 7.0e-6
+
+
+# Pipeline fill of a collective within one NVLink node, which the tuner's model (latency + n / bandwidth) also
+# leaves out. A ring (or NVLS) moves a message in chunks that NCCL sizes to the message (a channel's chunk, about
+# n / (P x channels), grows with n up to the protocol's buffer slot), and the chunks cross all the ring's steps before
+# the links stream, so the fill grows with the message and levels off once the chunks reach full size: measured
+# one-node times exceed latency + n / bandwidth by a term that grows through the medium sizes and saturates.
+# Priced as
+#     fill(n) = FILL_BYTES / algBw x n / (n + FILL_HALF)
+# with algBw = busBw x P / nSteps the algorithm bandwidth of the Simple protocol (NVLS for an all-reduce on a node
+# that has it): one fill of FILL_BYTES carried at the collective's own rate, so it scales with the ring's step count
+# (an all-gather or reduce-scatter, P-1 steps, pays half an all-reduce's 2(P-1); a pair pays 1/1.75 of 8 GPUs')
+# and more bandwidth never costs more. (FILL_BYTES, FILL_HALF) per NCCL architecture class, fitted by
+# benchmarks/fit_collective_overhead.py (least mean |log(model / measured)| over rows 64 KiB .. 1 GiB, with
+# CALL_OVERHEAD in place) to the independent one-node nccl-tests tables run with one process per GPU, the way a
+# training job runs NCCL (dlperf/data/nccl_tests/, launch: per-gpu):
+#   Ampere: thanos-8x-a100-allreduce (8x A100 SXM4 80GB, mpirun -np 8, NCCL from the nvidia-nccl-cu12 wheel):
+#     22.5 MB, half size 90.5 MiB = 483 KiB per chunk over 8 ranks x 24 channels, NCCL's Simple slot (4 MiB buffer
+#     / NCCL_STEPS 8 = 512 KiB): the fill saturates where the chunks reach full size, at ~170 us on 8 A100s;
+#   Hopper: mlengineering-8x-h200-allreduce (8x H200, NCCL 2.27.7, NVLS from 2 MiB; torch-timed): 13 MB, 3.36 MiB.
+# Single-process runs (nccl-tests -g 8: oci-, galvatron-8x-a100-allreduce) are reported, not fitted: one thread
+# launches the 8 GPUs' kernels in turn, 15-50 us more at 1-16 MiB than one process per GPU on the same node (the
+# thanos source has both). vTrain's A100 tables (held out: their cluster ran scored rows) are reported, never fitted.
+# Groups across nodes get no fill: there NCCL's network latencies (14 us per step, x1.4 plateau) already reach the
+# measured crusoe/nebius/gke tables. Volta and Blackwell have no one-node table here and get none, nor does a device
+# whose name names no fitted class (arch_index takes an unknown device as Ampere for the tuner's constants; the fill
+# is only applied where it was measured: A100/A800, and H100/H200/H800, Hopper GPUs of the same NVLink 4 / NVSwitch
+# generation as the H200 table's); broadcast, reduce and point-to-point get none.
+FILL = {1: (22.5e6, 2**26.5), 2: (13.0e6, 2**21.75)}  # (bytes, bytes): 22.5 MB, 90.5 MiB; 13 MB, 3.36 MiB
+FILL_DEVICES = {1: ("A100", "A800"), 2: ("H100", "H200", "H800")}
+FILL_OPS = ("allreduce", "allgather", "reduce_scatter")
+
+
+def fill_constants(device_name: str) -> tuple[float, float] | None:
+    """(FILL_BYTES, FILL_HALF) of the device's architecture class, None where no one-node table measured it."""
+    name = device_name.upper()
+    for arch, tags in FILL_DEVICES.items():
+        if any(tag in name for tag in tags) and arch in FILL:
+            return FILL[arch]
+    return None
+
+
+def fill_time(op: str, n: Any, s: Setup) -> Any:
+    """Seconds of pipeline fill for n bytes of `op` within one node (0 across nodes): FILL_BYTES / algBw x
+    n / (n + FILL_HALF), algBw = busBw x P / nSteps of the Simple ring (or NVLS for an all-reduce)."""
+    if s.nodes != 1 or s.P == 1 or op not in FILL_OPS or s.fill is None:
+        return 0.0
+    fill_bytes, half = s.fill
+    bus = max(s.ring_bw, s.nvls_bw or 0.0) if op == "allreduce" else s.ring_bw
+    alg = bus * s.P / _nsteps(op, s.P)
+    return fill_bytes / (alg * 1e9) * n / (n + half)
 
 
 def nccl_time(op: str, n: Any, s: Setup, which: str = "nccl") -> Any:
     """Minimum over the (algorithm, protocol) pairs `which` names (NCCL's tuner), elementwise for arrays, plus
-    the per-call overhead they share."""
+    the per-call overhead and the one-node pipeline fill they share (added after the choice, which they leave
+    unchanged)."""
     if s.P == 1:
         return n * 0
     costs = [c for _, _, c in compiled(op, s)] if which == "nccl" else \
         [compile_cost(op, a, p, s) for a, p in parse(op, which, s)]
+    fill = fill_time(op, n, s)
     if isinstance(n, float | int):
-        return min(cost_time(c, n) for c in costs) + CALL_OVERHEAD
-    return mathx.minimum(*(cost_time(c, n) for c in costs)) + CALL_OVERHEAD
+        return min(cost_time(c, n) for c in costs) + CALL_OVERHEAD + fill
+    return mathx.minimum(*(cost_time(c, n) for c in costs)) + CALL_OVERHEAD + fill
 
 
 def nccl_choice(op: str, n: float, s: Setup, which: str = "nccl") -> str:
@@ -446,7 +505,8 @@ def nccl_choice(op: str, n: float, s: Setup, which: str = "nccl") -> str:
 
 def nccl_times(op: str, n: Any, s: Setup) -> dict[str, Any]:
     """Every candidate pair's time, by label."""
-    return {label(a, p): cost_time(c, n) + CALL_OVERHEAD for a, p, c in compiled(op, s)}
+    fill = fill_time(op, n, s)
+    return {label(a, p): cost_time(c, n) + CALL_OVERHEAD + fill for a, p, c in compiled(op, s)}
 
 
 def is_nccl(algorithm: str) -> bool:
