@@ -27,7 +27,9 @@ MAX_REPEAT = 10**6
 # Work budgets checked while building (issue #15). The largest built-in model has 966 layer instances, 198
 # pipeline units and builds ~400 layer entries; 16 blocks each calling the previous one 10 times would build
 # 10^16 of them, and nested repeats of 10^6 would give the pipeline stager 10^12 units.
-MAX_ENTRIES = 100_000      # layer entries built (a block is built once per call site, not per repeat)
+MAX_ENTRIES = 20_000       # layer entries built (a block is built once per call site, not per repeat): twice
+# MAX_UNITS, since every entry unrolls to at least one layer unless blocks nest single calls; the largest built-in
+# builds under 300. At ~12 us an entry a blocks bomb is refused in ~0.25 s of CPU (100,000 took ~1.2 s)
 MAX_UNITS = 10_000         # layer instances once repeats are unrolled (what pipeline staging cuts between)
 MAX_STACKED = 1_000        # `layers:` of one recurrent op
 PAIR_ATTRS = ("kernel", "stride", "padding", "dilation", "output")
