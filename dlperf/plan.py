@@ -63,7 +63,7 @@ class Plan:
     hybrid_fc: bool = False              # Krizhevsky 2014: data-parallel convolutions, model-parallel FC head
     tp_overlap: bool = False             # tp all-gather/reduce-scatter pipelined with the GEMMs (needs SP)
     fp8_param_gather: bool = False       # ZeRO parameter all-gathers in FP8 (needs dtype fp8)
-    ep: int = 1                          # expert parallelism: experts sharded over ep ranks of the dp group
+    ep: int = 1                          # expert parallelism: experts sharded over ep ranks of the dp*cp group
     cp: int = 1                          # context parallelism: each sequence split over cp ranks
     cp_algorithm: str = "ring"           # ring attention (KV passed around) or ulysses (all-to-all over heads)
     moe_imbalance: float | None = None   # busiest expert rank's tokens / mean (None: MOE_IMBALANCE)
@@ -168,7 +168,7 @@ def _check_activation_knobs(plan: Plan) -> None:
 
 
 def check_degrees(plan: Plan) -> None:
-    """dp*tp*pp(*cp) = devices, and expert parallelism carved out of the data-parallel group."""
+    """dp*tp*pp(*cp) = devices, and expert parallelism carved out of the data- and context-parallel ranks."""
     inner, names = plan.tp * plan.pp * plan.cp, "tp*pp" + ("*cp" if plan.cp > 1 else "")
     if plan.dp is None and plan.devices % inner:
         raise PlanError(f"{names} = {inner} must divide the device count {plan.devices}")
@@ -176,9 +176,10 @@ def check_degrees(plan: Plan) -> None:
     if dp < 1 or dp * inner != plan.devices:
         cp = f"*{plan.cp}" if plan.cp > 1 else ""
         raise PlanError(f"dp*{names} must equal the device count: {dp}*{plan.tp}*{plan.pp}{cp} != {plan.devices}")
-    if dp % plan.ep:
-        raise PlanError(f"ep={plan.ep} must divide the data-parallel degree dp={dp} (expert parallelism is carved "
-                        "out of the data-parallel group, as in Megatron-Core)")
+    if (dp * plan.cp) % plan.ep:
+        within = f"dp*cp={dp * plan.cp}" if plan.cp > 1 else f"the data-parallel degree dp={dp}"
+        raise PlanError(f"ep={plan.ep} must divide {within} (expert parallelism is carved out of the data- and "
+                        "context-parallel ranks, as Megatron-Core's expert_decoder_rank_generator folds cp into them)")
 
 
 def _check_ep_overlap(plan: Plan) -> None:

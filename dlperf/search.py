@@ -88,16 +88,17 @@ def enumerate_plans(base: Plan, node_size: int, heads: int | None, layers: int,
                 dp = n // (tp * pp * cp)
                 if batch % dp:
                     continue
-                for ep in _ep_degrees(dp, experts, space):
+                for ep in _ep_degrees(dp * cp, experts, space):
                     yield from _cheap_knobs(base.with_(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep), batch // dp, space, layers)
 
 
-def _ep_degrees(dp: int, experts: int, space: SearchSpace) -> list[int]:
-    """Expert-parallel degrees to try: powers of two dividing dp and the expert count (ep is carved out of dp)."""
+def _ep_degrees(ranks: int, experts: int, space: SearchSpace) -> list[int]:
+    """Expert-parallel degrees to try: powers of two dividing the dp*cp ranks ep is carved out of and the expert
+    count."""
     if not experts:
         return [1]
-    options = space.ep if space.ep is not None else _powers_of_two_upto(dp)
-    return [ep for ep in options if dp % ep == 0 and experts % ep == 0]
+    options = space.ep if space.ep is not None else _powers_of_two_upto(ranks)
+    return [ep for ep in options if ranks % ep == 0 and experts % ep == 0]
 
 
 def _cheap_knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) -> Iterator[Plan]:

@@ -273,7 +273,7 @@ PLAN_COMBINATIONS = [
     ["--gpus", "16", "--pp", "4", "--schedule", "dualpipe", "--global-batch", "64", "--zero", "3", "--zero-impl",
      "deepspeed-0.3"],
     ["--gpus", "16", "--ep", "3"], ["--gpus", "16", "--ep", "32"], ["--gpus", "16", "--cp", "32"],
-    ["--gpus", "16", "--cp", "3"], ["--gpus", "16", "--pp", "4", "--cp", "2", "--ep", "4"],
+    ["--gpus", "16", "--cp", "3"], ["--gpus", "16", "--pp", "4", "--cp", "2", "--ep", "8"],
     ["--gpus", "16", "--cp", "2", "--cp-algorithm", "ulysses", "--tp", "16"],
     ["--gpus", "16", "--ep-dispatcher", "deepep"], ["--gpus", "16", "--ep-overlap"],
 ]

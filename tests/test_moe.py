@@ -211,6 +211,22 @@ def test_ep_plan_errors():
         predict(model, hw, Plan(devices=16, ep=16, global_batch=16))
     with pytest.raises(PlanError, match="needs a model with moe layers"):
         predict(load_model("llama2-7b"), hw, Plan(devices=16, ep=2, global_batch=16))
+    with pytest.raises(PlanError, match="must divide dp\\*cp=4"):
+        predict(model, hw, Plan(devices=16, tp=4, cp=2, ep=8, global_batch=16))
+
+
+def test_ep_is_carved_out_of_dp_times_cp():
+    """Megatron-Core folds cp into the expert data parallelism (expert_decoder_rank_generator, parallel_state.py
+    @00caa53a): ep 8 over dp 4 x cp 2 is a plan; its experts' states shard over dp*cp/ep = 1 replica, and ep 4
+    over the same ranks keeps two replicas of each expert shard, so twice the experts' states per device."""
+    model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    base = Plan(devices=8, cp=2, global_batch=64, micro_batch=1, zero=0)
+    eight, four = base.with_(ep=8), base.with_(ep=4)
+    assert (eight.expert_data_parallel, four.expert_data_parallel) == (1, 2)
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    experts = 32 * OPS["moe"].expert_params(layer)
+    wide, narrow = predict(model, hw, eight), predict(model, hw, four)
+    assert narrow.memory["weights"] - wide.memory["weights"] == pytest.approx(2 * experts * (1 / 4 - 1 / 8))
 
 
 def test_search_explores_ep_and_agrees_with_predict():

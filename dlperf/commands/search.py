@@ -73,7 +73,7 @@ def _memory_option(text: str | None) -> float | None:
 @click.option("--uneven-stages", is_flag=True,
               help="Also try pipeline depths that do not divide the layer count (slower: balanced partition).")
 @click.option("--ep", "ep_degrees", default=None,
-              help="Expert-parallel degrees to try, e.g. 1,8,64 (default: every power of two that divides dp and "
+              help="Expert-parallel degrees to try, e.g. 1,8,64 (default: every power of two that divides dp*cp and "
                    "the expert count; MoE models only).")
 @click.option("--cp", "cp_degrees", default="1", show_default=True,
               help="Context-parallel degrees to try, e.g. 1,2,4,8 (long sequences).")

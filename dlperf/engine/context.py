@@ -11,9 +11,9 @@ every key for every query:
 - ulysses (Jacobs et al. 2023, DeepSpeed-Ulysses): an all-to-all turns sequence shards into head shards before
   the core (queries, keys, values) and back after it (the output), and the same in backward.
 
-Expert parallelism (ep ranks carved out of the data-parallel group, Megatron-Core): each rank keeps E/ep experts;
-its tokens' top_k copies are dispatched to the experts' ranks by an all-to-all and combined back by another,
-forward and backward (Lepikhin et al. 2020, GShard, section 3.2).
+Expert parallelism (ep ranks carved out of the data- and context-parallel ranks, Megatron-Core): each rank keeps
+E/ep experts; its tokens' top_k copies are dispatched to the experts' ranks by an all-to-all and combined back by
+another, forward and backward (Lepikhin et al. 2020, GShard, section 3.2).
 """
 
 from __future__ import annotations
