@@ -513,3 +513,35 @@ def test_alltoall_dispatcher_extra_work_by_hand():
     padded = Use(replace(layer, attrs=tuple((k, 1.0 if k == "capacity_factor" else v) for k, v in layer.attrs)),
                  1, False)
     assert ep_dispatch_extra(padded, 1, 1, par) == pytest.approx((1e-9 * probs, 1e-9 * probs))
+
+
+def test_megatron_moe_layer_host_operators_by_hand():
+    """Operators the host issues per MoE layer, counted by hand from Megatron-Core @92c8482e with TE v2.9 (router
+    fusion, aux loss, permute fusion, all-to-all dispatcher; ops/moe.py _bookkeeping). Forward: router GEMM 1,
+    fused top-k and aux scores 2, permute 1, grouped GEMMs 1 + 1, SwiGLU 1, unpermute 1; row-id map 3; aux loss
+    4 (count, fused loss, tracker divide and add); counts 6 kernels and 4 copies (ep > 1; ep = 1: 1 and 1);
+    chunk sorts 5. Backward: router 2, fused top-k and aux scores 2, permute 1, GEMMs 2 + 2, SwiGLU 2, unpermute
+    1, aux loss 4, gradient sums 2, chunk sorts 2. Collectives: count all-gather and three all-to-alls forward,
+    three backward."""
+    from dlperf.engine.context import Parallel
+    from dlperf.engine.stage import ep_collectives
+    from dlperf.ops.moe import moe_kernels
+
+    layer = next(layer for layer, _ in load_model("qwen3-30b-a3b").counted() if layer.op == "moe")
+
+    def host(resident, dispatcher="alltoall", moe=layer):
+        ops = [k.host_ops for k in moe_kernels(moe, 1, 2, resident, dispatcher)]
+        return sum(f for f, _ in ops), sum(b for _, b in ops)
+
+    assert host(16) == (8 + 3 + 4 + 10 + 5, 12 + 4 + 2 + 2)
+    assert host(None) == (8 + 3 + 4 + 2 + 5, 12 + 4 + 2 + 2)
+    assert host(1) == (8 + 3 + 4 + 10, 12 + 4 + 2)  # one expert per rank: nothing to sort
+    assert host(16, "deepep") == (8 + 3 + 4, 12 + 4 + 2)  # the flex dispatcher's own bookkeeping is not counted
+    padded = replace(layer, attrs=tuple((k, 1.0 if k == "capacity_factor" else v) for k, v in layer.attrs))
+    assert host(16, moe=padded) == (8 + 3 + 4 + 1 + 3, 12 + 4 + 2 + 3)
+    counts = next(k for k in moe_kernels(layer, 1, 2, 16) if k.name == "dispatch_counts")
+    assert counts.phase_launches == (6, 0)  # the four device-to-host copies run on a side stream
+    par = Parallel(ep=8)
+    assert ep_collectives(layer, par) == (4, 3)
+    assert ep_collectives(padded, par) == (3, 3)
+    assert ep_collectives(layer, replace(par, ep_dispatcher="deepep")) == (0, 0)

@@ -836,14 +836,17 @@ def test_megatron_bridge_blackwell_llama3_fp8_rows_within_20_percent(results):
 
 @pytest.mark.xfail(strict=True, reason=(
     "Megatron-Bridge MoE rows other than DeepSeek-V3 on H100 (9 rows): all too fast. Qwen3-30B-A3B "
-    "(128 experts of width 768, top-8): H100 dropless with EP overlap (25.11, 26.02, 26.02.01) +242%/+253%/+100%, "
-    "H100 token-drop (25.09) +35%, B200/GB200 +48%/+64%; Qwen3-235B-A22B B200 +61%; DeepSeek-V3 token-drop GB200 "
-    "+36%, B200 +66%. The published Qwen3-30B H100 figure halves from 25.09 to 25.11 on the same layout (the "
+    "(128 experts of width 768, top-8): H100 dropless with EP overlap (25.11, 26.02, 26.02.01) +211%/+217%/+79%, "
+    "H100 token-drop (25.09) +25%, B200/GB200 +35%/+51%; Qwen3-235B-A22B B200 +50%; DeepSeek-V3 token-drop GB200 "
+    "+30%, B200 +58%. The published Qwen3-30B H100 figure halves from 25.09 to 25.11 on the same layout (the "
     "stack changed: dropless routing, EP overlap) and nearly doubles from 26.02 to 26.02.01 on another. "
-    "Priced since: Transformer Engine's per-expert GEMMs on four streams (ops/moe.py grouped_gemm) and the "
+    "Priced since: Transformer Engine's per-expert GEMMs on four streams (ops/moe.py grouped_gemm), the "
     "all-to-all dispatcher's count gather, probability all-to-alls and host sync (engine/context.py "
-    "ep_dispatch_extra); not priced: TE's per-expert FP8 quantization kernels, router aux-loss kernels, CUDA "
-    "graphs; nothing is fitted to these rows"))
+    "ep_dispatch_extra), and Megatron-Core's router, aux-loss, row-id-map, count and chunk-sort operators with "
+    "the dispatcher's collectives on the host (ops/moe.py _bookkeeping, stage.ep_collectives). The H100 layers "
+    "stay device-bound (per MoE layer and micro-batch, host 0.8 ms forward against 1.1 ms of kernels and 0.7 ms "
+    "of all-to-alls), so host time is not the missing cost there. Not priced: TE's per-expert FP8 quantization "
+    "and padding kernels, CUDA graphs; nothing is fitted to these rows"))
 def test_megatron_bridge_new_moe_rows_within_20_percent(results):
     chosen = _new_moe(results)
     assert max(abs(r.error_pct) for r in chosen) <= ISSUE14_FP8_MOE_TOLERANCE_PCT

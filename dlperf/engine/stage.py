@@ -20,7 +20,7 @@ from dlperf.engine.device import dispatch_times, kernel_times
 from dlperf.engine.layers import Use
 from dlperf.engine.overlap import exposed
 from dlperf.ops import OPS
-from dlperf.ops.base import Kernel
+from dlperf.ops.base import Kernel, Layer
 from dlperf.ops.conv import algorithm_kernel, applicable
 from dlperf.ops.dense import quadratic_attention_bytes
 from dlperf.ops.fp8 import fp8_kernels, kernel_dtype, storage_dtype
@@ -140,11 +140,12 @@ def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
 
 
 def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any,
-                fp8: bool = False, ep: int = 1) -> list[Kernel]:
+                fp8: bool = False, ep: int = 1, dispatcher: str = "alltoall") -> list[Kernel]:
     """The layer's kernels; with `fp8` (an FP8 recipe's layer) its weight GEMMs in FP8 with their casts; a MoE
-    layer under expert parallelism keeps experts / ep on a device (its grouped GEMMs read fewer weights)."""
+    layer under expert parallelism keeps experts / ep on a device (its grouped GEMMs read fewer weights) and
+    does the bookkeeping of its token `dispatcher`."""
     if use.layer.op == "moe" and ep > 1:
-        kernels = list(moe_kernels(use.layer, batch, e, use.layer["experts"] // ep))
+        kernels = list(moe_kernels(use.layer, batch, e, use.layer["experts"] // ep, dispatcher))
         return fp8_kernels(kernels, e) if fp8 else kernels
     kernels = list(OPS[use.layer.op].kernels(use.layer, batch, e))
     if use.layer.op == "conv2d":
@@ -172,7 +173,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         gemm = {"fwd": 0.0, "bwd": 0.0}  # this layer's weight-GEMM seconds per pass: what overlap hides behind
         core = [0.0, 0.0]  # this layer's attention-core seconds, which a ring exchange overlaps
         for kernel in use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), in_fp8,
-                                  par.ep):
+                                  par.ep, par.ep_dispatcher):
             split = divisor if (kernel.split or sp) else 1
             kernel = _cp_kernel(kernel, _cp_split(use, kernel, par))
             fwd, bwd = _kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split, use.tp_dim, memo)
@@ -195,7 +196,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
             key = f"{use.layer.op}"
             out.per_type[key] = out.per_type.get(key, 0.0) + use.count * (fwd + bwd)
         if par.active:
-            _add_ep_cp(out, use, batch, e, tp, recompute, par, core)
+            _add_ep_cp(out, use, batch, e, tp, recompute, par, core, hw.device)
         if tp > 1:
             _add_tp_comm(out, use, batch / par.cp, e, tp, recompute, comm_time, gemm if tp_overlap else None,
                          hw.device)
@@ -285,17 +286,23 @@ def _cp_split(use: Use, kernel: Kernel, par: Parallel) -> Any:
 
 
 def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute: str, par: Parallel,
-               core: list[Any]) -> None:
+               core: list[Any], device: Device) -> None:
     """Expert all-to-alls of a MoE layer and the context-parallel exchange of an attention layer; with ep > 1
-    the routed experts' parameters are sharded ep ways on top of tp."""
+    the routed experts' parameters are sharded ep ways on top of tp. Issuing each collective of the all-to-all
+    dispatcher is one more op for the host, as a tensor-parallel one (ep_collectives)."""
     layer, count = use.layer, use.count
     ep = cp = 0.0  # the forward exchanges, which full recomputation reruns
+    host = 0.0
     if par.ep > 1 and layer.op == "moe":
         exchange = ep_exchange(use, batch, e, tp, par)
         extra_fwd, extra_bwd = ep_dispatch_extra(use, batch, tp, par)
         ep = exchange + extra_fwd
         out.ep_comm_fwd = out.ep_comm_fwd + count * ep
         out.ep_comm_bwd = out.ep_comm_bwd + count * (exchange + extra_bwd)
+        fwd_ops, bwd_ops = ep_collectives(layer, par)
+        host = count * fwd_ops * device.dispatch_forward
+        out.host_fwd = out.host_fwd + host
+        out.host_bwd = out.host_bwd + count * bwd_ops * device.dispatch_backward
         experts = OPS[layer.op].expert_params(layer) / (tp if use.sharded else 1)
         out.params = out.params - count * experts * (1 - 1 / par.ep)
         out.expert_params = out.expert_params + count * experts / par.ep
@@ -304,9 +311,21 @@ def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute:
         out.cp_comm_fwd = out.cp_comm_fwd + count * cp
         out.cp_comm_bwd = out.cp_comm_bwd + count * bwd
     if _full_rerun(recompute, use):
+        out.host_recompute = out.host_recompute + host
         out.recompute = out.recompute + count * (ep + cp)
         out.ep_comm_rerun = out.ep_comm_rerun + count * ep
         out.cp_comm_rerun = out.cp_comm_rerun + count * cp
+
+
+def ep_collectives(layer: Layer, par: Parallel) -> tuple[int, int]:
+    """(forward, backward) collectives the all-to-all dispatcher issues per MoE layer (token_dispatcher.py
+    MoEAlltoAllTokenDispatcher, NVIDIA/Megatron-LM @92c8482e): forward the tokens-per-expert all-gather
+    (`preprocess`; none when experts are padded to capacity), the token and probability all-to-alls
+    (`token_dispatch`) and the combine's (`token_combine`); backward the three all-to-alls' gradients. Other
+    dispatchers' are not counted."""
+    if par.ep_dispatcher != "alltoall":
+        return 0, 0
+    return (3 if layer.get("capacity_factor") else 4), 3
 
 
 def _full_rerun(recompute: str, use: Use) -> bool:

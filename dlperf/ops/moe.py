@@ -92,9 +92,81 @@ def _ffn_kernels(prefix: str, rows: Any, d: Any, f: Any, gated: bool, e: int, ex
     return [replace(k, expert=expert) for k in kernels]
 
 
-def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None) -> tuple[Kernel, ...]:
+# Megatron-Core's MoE layer issues more small operators than the kernels above, each one a framework operator the
+# host pays DEFAULT_DISPATCH for, counted from the source at the Megatron-LM commit Megatron-Bridge's Qwen3 recipes
+# pin (NVIDIA-NeMo/Megatron-Bridge @97ad8cc6f 3rdparty/Megatron-LM = NVIDIA/Megatron-LM @92c8482e, with TE
+# release_v2.9 per its pyproject.toml: NVIDIA/TransformerEngine v2.9 @70f53666), for the settings those recipes
+# use: TopKRouter with moe_router_fusion, aux_loss, moe_permute_fusion, the all-to-all dispatcher. Besides the
+# router GEMM, the fused top-k and aux-loss scores (topk_gating: TE fused_topk_with_score_function and
+# fused_compute_score_for_moe_aux_loss, one kernel each way), the permute (permute_with_mask_map; backward
+# unpermute_with_mask_map), grouped GEMMs, activation and unpermute (combine: unpermute_with_mask_map; backward
+# permute_with_mask_map) priced above:
+# - ROW_ID_MAP: TE's fused permute (permutation.py _moe_permute_mask_map.forward) first builds its row-id map in
+#   three Triton kernels (triton/permutation.py make_row_id_map, passes 1-3: per-block cumsum of the t x E map
+#   into int32, global cumsum in place, the dense [t, 2E + 1] map); backward reuses the map.
+# - AUX_LOSS: router.py _apply_aux_loss: routing_map.sum(dim=0), TE fused_moe_aux_loss, then
+#   save_to_aux_losses_tracker's `aux_loss / coeff` and `values[layer - 1] += loss` (moe_utils.py) = 4 forward;
+#   backward MoEAuxLossAutoScaler's `ones_like(aux_loss) * scale` (2), fused_moe_aux_loss_bwd (1) and the sum of
+#   the two gradients reaching the logits (the top-k and the aux-loss scores both read them) = 4.
+# - GRAD_ACCUMULATE: backward only, the hidden states' gradient summed over their two readers (router GEMM and
+#   permute) and the router weight's gradient added into its main_grad by the DDP hook (it is no TE module) = 2.
+# - the all-to-all dispatcher (token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess and
+#   _maybe_dtoh_and_synchronize): routing_map.sum(dim=0), then with ep > 1 the input splits' sum, the gathered
+#   counts' slice .contiguous() and three more sums (per rank, output_splits_tp, per local expert) = 6 kernels,
+#   and four device-to-host copies (tokens_per_expert, input/output splits, output_splits_tp) on a side stream:
+#   10 operators for the host, 6 launches on the compute stream (ep = 1: the sum and the tokens_per_expert copy,
+#   2 and 1). With more than one resident expert, dispatch_postprocess and combine_preprocess sort the received
+#   chunks by local expert (TE moe_sort_chunks_by_index[_with_probs]: make_chunk_sort_map + sort_chunks_by_map
+#   each, and the combine's split sizes `.T.ravel()`, a copy: 5 forward; the backward reuses the maps, 2), moving
+#   every routed token once each way. Experts padded to capacity (drop_and_pad) skip the counting (one torch.full
+#   on the device) and sort by view, transpose and .contiguous() (tokens and probabilities, then the combine's
+#   tokens: 3 copies forward, their 3 gradients' backward). The collectives (count all-gather, token and
+#   probability all-to-alls) are charged in stage._add_ep_cp.
+# Left out: TE's FP8 padding of each expert's rows (Fp8Padding, 3 forward and 3 backward under FP8 only) and the
+# benchmark-only random logits (moe_router_force_load_balancing, 2 forward).
+ROW_ID_MAP = (3, 0)
+AUX_LOSS = (4, 4)
+GRAD_ACCUMULATE = (0, 2)
+DISPATCH_COUNTS = {True: (10, 6), False: (2, 1)}  # (host operators, launches) forward, keyed by ep > 1
+CHUNK_SORT = (5, 2)
+PADDED_COUNTS, PADDED_SORT = (1, 1), (3, 3)
+
+
+def _bookkeeping(layer: Layer, t: Any, e: int, local: Any, ep: bool, dispatcher: str) -> list[Kernel]:
+    """Megatron-Core's small operators around the MoE kernels (ROW_ID_MAP .. CHUNK_SORT), each with the bytes it
+    moves: the t x E routing map (bool) and its int32 row-id map, fp32 probabilities, the tokens a chunk sort
+    moves, the hidden-state and router-weight gradients summed."""
+    n_exp, k, d = layer["experts"], layer["top_k"], layer.in_shape[-1]
+    scores, routed = t * n_exp, t * k
+    row_map = (1 + 4 + 8 + 4) * scores + 4 * t * (2 * k + 1)  # passes 1-3: bool in, int32 cumsums, dense map
+    out = [Kernel("row_id_map", "memory", Cost(fwd_bytes=row_map, depth=clog2(t)),
+                  launches=ROW_ID_MAP[0], bwd_launches=ROW_ID_MAP[1], split=False),
+           Kernel("aux_loss", "memory", Cost(fwd_bytes=(1 + ROUTER_BYTES) * scores,
+                                             bwd_bytes=4 * ROUTER_BYTES * scores, depth=clog2(t), bwd_depth=1),
+                  launches=AUX_LOSS[0], bwd_launches=AUX_LOSS[1], split=False),
+           Kernel("grad_accumulate", "memory", Cost(bwd_bytes=3 * e * t * d + 3 * ROUTER_BYTES * d * n_exp,
+                                                    bwd_depth=1),
+                  launches=GRAD_ACCUMULATE[0], bwd_launches=GRAD_ACCUMULATE[1], split=False)]
+    if dispatcher != "alltoall":
+        return out
+    padded = bool(layer.get("capacity_factor"))
+    host_ops, launches = PADDED_COUNTS if padded else DISPATCH_COUNTS[ep]
+    out.append(Kernel("dispatch_counts", "memory", Cost(fwd_bytes=scores, depth=clog2(t)), launches=launches,
+                      bwd_launches=0, framework_ops=host_ops, split=False))
+    if not (isinstance(local, int) and local <= 1):
+        # two sorts per pass, each reading and writing every routed token; the dispatch side's its probability too
+        moved = 2 * (2 * e * routed * d) + 2 * ROUTER_BYTES * routed
+        fwd, bwd = PADDED_SORT if padded else CHUNK_SORT
+        out.append(Kernel("chunk_sort", "memory", Cost(fwd_bytes=moved, bwd_bytes=moved, depth=1, bwd_depth=1),
+                          launches=fwd, bwd_launches=bwd, split=False))
+    return out
+
+
+def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None,
+                dispatcher: str = "alltoall") -> tuple[Kernel, ...]:
     """The layer's kernels on a device that holds `resident` of its experts (None: all of them; expert
-    parallelism over ep ranks leaves experts / ep)."""
+    parallelism over ep ranks leaves experts / ep), with Megatron-Core's bookkeeping around them
+    (`_bookkeeping`; the all-to-all dispatcher's own with `dispatcher` "alltoall")."""
     t, d = _tokens(layer, batch), layer.in_shape[-1]
     n_exp, k, f = layer["experts"], layer["top_k"], layer["ffn"]
     routed = t * k  # token-expert pairs: the activated work
@@ -105,17 +177,18 @@ def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None) -> tuple
         fwd_flops=(5 + k) * scores, bwd_data_flops=4 * scores,
         fwd_bytes=2 * ROUTER_BYTES * scores + (ROUTER_BYTES + INDEX_BYTES) * routed,
         bwd_bytes=3 * ROUTER_BYTES * scores, depth=2 * clog2(n_exp) + k, bwd_depth=clog2(n_exp)), launches=2,
-        split=False)
+        bwd_launches=2, split=False)
     # permute: gather each token's k copies into expert order (read + write k*d per token); its backward is the
     # matching scatter. combine: the k weighted outputs summed per token (2 FLOPs per element of each copy).
     permute = Kernel("permute", "memory", Cost(fwd_bytes=2 * e * routed * d + INDEX_BYTES * routed,
-                                               bwd_bytes=2 * e * routed * d, depth=1, bwd_depth=1), split=False)
+                                               bwd_bytes=2 * e * routed * d, depth=1, bwd_depth=1), bwd_launches=1,
+                     split=False)
     combine = Kernel("combine", "memory", Cost(
         fwd_flops=2 * routed * d, bwd_data_flops=2 * routed * d, fwd_bytes=e * (routed * d + t * d),
-        bwd_bytes=e * (2 * routed * d + t * d), depth=clog2(k), bwd_depth=1), split=False)
+        bwd_bytes=e * (2 * routed * d + t * d), depth=clog2(k), bwd_depth=1), bwd_launches=1, split=False)
     local = n_exp if resident is None else resident
     kernels = [router, gating, permute, *_ffn_kernels("expert", routed, d, f, layer["gated"], e, True, local),
-               combine]
+               combine, *_bookkeeping(layer, t, e, local, resident is not None, dispatcher)]
     width = _shared_width(layer)
     if width:
         kernels += _ffn_kernels("shared", t, d, width, layer["gated"], e, False)
