@@ -25,6 +25,7 @@ from dlperf.engine.pipeline import (
     units,
 )
 from dlperf.engine.stage import StageCost, stage_cost
+from dlperf.engine.straggler import straggler_factor
 from dlperf.engine.work import model_cost
 from dlperf.errors import PlanError
 from dlperf.ops.base import numel
@@ -309,6 +310,9 @@ class StepModel:
             # the rerun's collectives under comm/*, as the forward's: compute/recompute <= the blocks' forward
             "compute/recompute": m * share * slow.recompute_kernels,
             "compute/grad_accumulation": m * t.accumulate,
+            # the slowest device's kernels outlast the median device's (dlperf.engine.straggler)
+            "compute/straggler": m * (straggler_factor(self.hw.device.speed_spread, plan.devices) - 1.0)
+            * (slow.forward + slow.backward + share * slow.recompute_kernels),
             "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd + share * slow.tp_comm_rerun),
             "comm/ep": m * (t.ep_fwd + t.ep_bwd + share * slow.ep_comm_rerun),
             "comm/cp": m * (slow.cp_comm_fwd + slow.cp_comm_bwd + share * slow.cp_comm_rerun),
@@ -393,9 +397,19 @@ class StepModel:
         ep_fwd, ep_bwd = _ep_exposed(plan, stage, m)
         share = recompute_share(plan, m)
         accumulate = _grad_accumulation(self.hw, plan, stage.params, dtype)
-        t_fwd, t_bwd, device_fwd, device_bwd = stage.passes(accumulate, (ep_fwd, ep_bwd), share)
+        t_fwd, t_bwd, device_fwd, device_bwd = self._straggling(plan, stage).passes(accumulate, (ep_fwd, ep_bwd),
+                                                                                     share)
         return Passes(t_fwd, t_bwd, stage.recompute * share, accumulate, ep_fwd, ep_bwd,
                       (t_fwd - device_fwd) + (t_bwd - device_bwd))
+
+    def _straggling(self, plan: Plan, stage: StageCost) -> StageCost:
+        """The stage's kernels at the pace of the slowest of the plan's devices (dlperf.engine.straggler: every
+        device synchronises every step), the collectives as they are."""
+        slower = straggler_factor(self.hw.device.speed_spread, plan.devices) - 1.0
+        if slower == 0:
+            return stage
+        return replace(stage, forward=stage.forward * (1 + slower), backward=stage.backward * (1 + slower),
+                       recompute=stage.recompute + slower * stage.recompute_kernels)
 
     def _tp_comm(self, tp: int) -> Any:
         """`_tp_comm_fn` for this tp, memoised on plain-number sizes: search prices the same collectives for
