@@ -50,3 +50,14 @@ def test_a_speed_spread_must_be_a_fraction(tmp_path):
     path.write_text("extends: dgx-a100\nname: odd\ndevice:\n  speed_spread: 1.5\n")
     with pytest.raises(SpecError, match="speed_spread"):
         load_hardware(str(path))
+
+
+def test_dualpipe_ranks_run_at_the_slowest_pace_too():
+    """DualPipe prices its ranks' chunks at the slowest device's pace as well, and its breakdown still sums."""
+    model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    plan = Plan(devices=64, tp=1, pp=4, ep=8, global_batch=256, micro_batch=1, schedule="dualpipe")
+    spread = replace(hw, device=replace(hw.device, speed_spread=0.02))
+    even, slow = predict(model, hw, plan), predict(model, spread, plan)
+    assert even.breakdown_s["compute/straggler"] == 0 < slow.breakdown_s["compute/straggler"]
+    assert slow.step_time_s > even.step_time_s
+    assert sum(slow.breakdown_s.values()) == pytest.approx(slow.step_time_s, rel=1e-9)

@@ -343,7 +343,8 @@ class StepModel:
         stages, ties to the rank with fewest pairs, at the pipeline's ends). Memory is the fullest rank's own:
         its two stages' states and the chunks in flight through each (`memory.dualpipe_per_device`)."""
         stages, _, _, boundary = staged
-        devices = self._twin_devices(stages, plan.pp)
+        own = self._twin_devices(stages, plan.pp)
+        devices = [self._straggling(plan, d) for d in own]  # at the slowest device's pace (engine.straggler)
         twin = plan.with_(dp=2 * plan.data_parallel)
         share = recompute_share(plan, m)
         stolen = _ep_contention(self.hw, plan)
@@ -357,7 +358,7 @@ class StepModel:
         busy, bubble, p2p, pairs, alone = _dualpipe_time(c, device, m, plan.pp, rank, t_p2p)
         acc, (hide_fwd, hide_bwd) = c.accumulate, c.hidden
         (fwd_p, bwd_p, dev_fwd_p, dev_bwd_p), (fwd_a, bwd_a, dev_fwd_a, dev_bwd_a) = c.paired, c.alone
-        dp_total, dp_exposed = self._dp_over_stages(twin, devices, device, dtype, m / 2, _twin_starts(plan))
+        dp_total, dp_exposed = self._dp_over_stages(twin, own, own[rank], dtype, m / 2, _twin_starts(plan))
         heaviest = max(devices, key=lambda d: d.params)
         fp8_params = heaviest.params * self.fp8_share if dtype == "fp8" else 0
         optimizer = _optimizer_time_split(self.hw, twin, heaviest.params, heaviest.expert_params, fp8_params)
@@ -365,11 +366,14 @@ class StepModel:
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
         host = pairs * ((fwd_p - dev_fwd_p) + (bwd_p - dev_bwd_p)) + alone * ((fwd_a - dev_fwd_a) + (bwd_a - dev_bwd_a))
         half = m / 2
+        paced, device = device, own[rank]  # the rank's stages at the slowest device's pace; at the median's
         breakdown = {
             "compute/forward": half * device.forward,
             "compute/backward": half * device.backward,
             "compute/recompute": half * device.recompute_kernels * share,
             "compute/grad_accumulation": half * acc,
+            "compute/straggler": half * (paced.forward - device.forward + paced.backward - device.backward
+                                         + share * (paced.recompute_kernels - device.recompute_kernels)),
             "comm/tp": half * (device.tp_comm_fwd + device.tp_comm_bwd + share * device.tp_comm_rerun),
             "comm/ep": (pairs * (hide_fwd + hide_bwd) + alone * (device.ep_comm_fwd + device.ep_comm_bwd)) / 2
             + half * share * device.ep_comm_rerun,
