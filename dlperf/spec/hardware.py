@@ -23,6 +23,10 @@ runtime keeps for itself, so that "fits" means it fits:
 
 Set both to 0 for a device where nothing is reserved (`memory_reserved: 0 B`, `memory_fragmentation: 0`).
 
+`speed_spread` (default 0) is sigma over median of one device's compute time across devices of this SKU, from a
+cited per-device measurement; a step's kernels then run at the pace of the slowest of its devices
+(dlperf.engine.straggler).
+
 A file may start from another one and say only what differs (a 40GB variant of an 80GB machine):
 
     extends: dgx-a100             # a built-in name, or a .yaml path relative to this file
