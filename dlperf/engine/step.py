@@ -25,6 +25,7 @@ from dlperf.engine.pipeline import (
     units,
 )
 from dlperf.engine.stage import StageCost, stage_cost
+from dlperf.engine.straggler import straggler_factor
 from dlperf.engine.work import model_cost
 from dlperf.errors import PlanError
 from dlperf.ops.base import numel
@@ -309,6 +310,9 @@ class StepModel:
             # the rerun's collectives under comm/*, as the forward's: compute/recompute <= the blocks' forward
             "compute/recompute": m * share * slow.recompute_kernels,
             "compute/grad_accumulation": m * t.accumulate,
+            # the slowest device's kernels outlast the median device's (dlperf.engine.straggler)
+            "compute/straggler": m * (straggler_factor(self.hw.device.speed_spread, plan.devices) - 1.0)
+            * (slow.forward + slow.backward + share * slow.recompute_kernels),
             "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd + share * slow.tp_comm_rerun),
             "comm/ep": m * (t.ep_fwd + t.ep_bwd + share * slow.ep_comm_rerun),
             "comm/cp": m * (slow.cp_comm_fwd + slow.cp_comm_bwd + share * slow.cp_comm_rerun),
@@ -339,7 +343,8 @@ class StepModel:
         stages, ties to the rank with fewest pairs, at the pipeline's ends). Memory is the fullest rank's own:
         its two stages' states and the chunks in flight through each (`memory.dualpipe_per_device`)."""
         stages, _, _, boundary = staged
-        devices = self._twin_devices(stages, plan.pp)
+        own = self._twin_devices(stages, plan.pp)
+        devices = [self._straggling(plan, d) for d in own]  # at the slowest device's pace (engine.straggler)
         twin = plan.with_(dp=2 * plan.data_parallel)
         share = recompute_share(plan, m)
         stolen = _ep_contention(self.hw, plan)
@@ -353,7 +358,7 @@ class StepModel:
         busy, bubble, p2p, pairs, alone = _dualpipe_time(c, device, m, plan.pp, rank, t_p2p)
         acc, (hide_fwd, hide_bwd) = c.accumulate, c.hidden
         (fwd_p, bwd_p, dev_fwd_p, dev_bwd_p), (fwd_a, bwd_a, dev_fwd_a, dev_bwd_a) = c.paired, c.alone
-        dp_total, dp_exposed = self._dp_over_stages(twin, devices, device, dtype, m / 2, _twin_starts(plan))
+        dp_total, dp_exposed = self._dp_over_stages(twin, own, own[rank], dtype, m / 2, _twin_starts(plan))
         heaviest = max(devices, key=lambda d: d.params)
         fp8_params = heaviest.params * self.fp8_share if dtype == "fp8" else 0
         optimizer = _optimizer_time_split(self.hw, twin, heaviest.params, heaviest.expert_params, fp8_params)
@@ -361,11 +366,14 @@ class StepModel:
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
         host = pairs * ((fwd_p - dev_fwd_p) + (bwd_p - dev_bwd_p)) + alone * ((fwd_a - dev_fwd_a) + (bwd_a - dev_bwd_a))
         half = m / 2
+        paced, device = device, own[rank]  # the rank's stages at the slowest device's pace; at the median's
         breakdown = {
             "compute/forward": half * device.forward,
             "compute/backward": half * device.backward,
             "compute/recompute": half * device.recompute_kernels * share,
             "compute/grad_accumulation": half * acc,
+            "compute/straggler": half * (paced.forward - device.forward + paced.backward - device.backward
+                                         + share * (paced.recompute_kernels - device.recompute_kernels)),
             "comm/tp": half * (device.tp_comm_fwd + device.tp_comm_bwd + share * device.tp_comm_rerun),
             "comm/ep": (pairs * (hide_fwd + hide_bwd) + alone * (device.ep_comm_fwd + device.ep_comm_bwd)) / 2
             + half * share * device.ep_comm_rerun,
@@ -393,9 +401,19 @@ class StepModel:
         ep_fwd, ep_bwd = _ep_exposed(plan, stage, m)
         share = recompute_share(plan, m)
         accumulate = _grad_accumulation(self.hw, plan, stage.params, dtype)
-        t_fwd, t_bwd, device_fwd, device_bwd = stage.passes(accumulate, (ep_fwd, ep_bwd), share)
+        t_fwd, t_bwd, device_fwd, device_bwd = self._straggling(plan, stage).passes(accumulate, (ep_fwd, ep_bwd),
+                                                                                     share)
         return Passes(t_fwd, t_bwd, stage.recompute * share, accumulate, ep_fwd, ep_bwd,
                       (t_fwd - device_fwd) + (t_bwd - device_bwd))
+
+    def _straggling(self, plan: Plan, stage: StageCost) -> StageCost:
+        """The stage's kernels at the pace of the slowest of the plan's devices (dlperf.engine.straggler: every
+        device synchronises every step), the collectives as they are."""
+        slower = straggler_factor(self.hw.device.speed_spread, plan.devices) - 1.0
+        if slower == 0:
+            return stage
+        return replace(stage, forward=stage.forward * (1 + slower), backward=stage.backward * (1 + slower),
+                       recompute=stage.recompute + slower * stage.recompute_kernels)
 
     def _tp_comm(self, tp: int) -> Any:
         """`_tp_comm_fn` for this tp, memoised on plain-number sizes: search prices the same collectives for

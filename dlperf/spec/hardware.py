@@ -23,6 +23,10 @@ runtime keeps for itself, so that "fits" means it fits:
 
 Set both to 0 for a device where nothing is reserved (`memory_reserved: 0 B`, `memory_fragmentation: 0`).
 
+`speed_spread` (default 0) is sigma over median of one device's compute time across devices of this SKU, from a
+cited per-device measurement; a step's kernels then run at the pace of the slowest of its devices
+(dlperf.engine.straggler).
+
 A file may start from another one and say only what differs (a 40GB variant of an 80GB machine):
 
     extends: dgx-a100             # a built-in name, or a .yaml path relative to this file
@@ -155,6 +159,9 @@ class Device:
     dispatch_backward: float = DEFAULT_DISPATCH[1]  # ... one backward kernel
     memory_reserved: float = DEFAULT_MEMORY_RESERVED
     memory_fragmentation: float = DEFAULT_MEMORY_FRAGMENTATION
+    # relative spread (sigma / median) of one device's compute time over devices of this SKU (manufacturing and
+    # power-management variation); 0 where no per-device measurement is cited. dlperf.engine.straggler
+    speed_spread: float = 0.0
     dtype_curves: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -246,7 +253,7 @@ _TOP_KEYS = ("name", "source", "description", "device", "network", "price_per_de
 MAX_EXTENDS_DEPTH = 8  # bases above a file; more is a mistake (a chain, not a cycle: cycles are caught apart)
 _DEVICE_KEYS = (
     "name", "peak_flops", "memory", "memory_bandwidth", "launch_latency", "efficiency", "source", "sms", "dispatch",
-    "memory_reserved", "memory_fragmentation",
+    "memory_reserved", "memory_fragmentation", "speed_spread",
 )
 _DISPATCH_KEYS = ("forward", "backward", "source")
 _LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "link",
@@ -402,8 +409,18 @@ def _device(node: Any, file: str) -> Device:
         sms=_positive_int(node, "sms", file, where) if "sms" in node else None,
         dispatch_forward=dispatch[0],
         dispatch_backward=dispatch[1],
+        speed_spread=_speed_spread(node, file),
         **_reserve(node, file),
     )
+
+
+def _speed_spread(node: dict, file: str) -> float:
+    """device.speed_spread: a fraction in [0, 1) (sigma over median of per-device compute time), default 0."""
+    value = node.get("speed_spread", 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise SpecError(expected="a fraction in [0, 1)", found=value, file=file,
+                        line=line_of(node, "speed_spread"), field="device.speed_spread")
+    return float(value)
 
 
 def _reserve(node: dict, file: str) -> dict[str, float]:
