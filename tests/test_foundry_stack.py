@@ -230,3 +230,18 @@ def test_grad_dtype_on_the_command_line(run) -> None:
     assert fp32["step_time_s"] >= bf16["step_time_s"]
     code, _, err = run(*args, "--grad-dtype", "fp7")
     assert code == 2 and "fp7" in err
+
+
+def test_sharded_gradient_accumulation_shards_over_dp_times_cp() -> None:
+    """Context-parallel ranks hold the same weights and shard ZeRO-2/3 states with the data-parallel ones (as
+    `memory` counts them): the accumulated gradient shard is 1/(dp*cp). One FSDP rank with cp 2 still
+    reduce-scatters over its 2 ranks, so the unsharded-gradient passes are charged."""
+    from dlperf.engine.step import _fsdp_unsharded_grad_bytes, _grad_accumulation
+
+    hw, params = load_hardware("dgx-h100"), 1e9
+    bw = hw.device.memory_bandwidth * hw.device.eff("memory").peak
+    cp2 = Plan(devices=8, dp=4, cp=2, global_batch=8, zero=2, grad_dtype="fp32", zero_impl="deepspeed-0.3")
+    assert _grad_accumulation(hw, cp2, params, "bf16") == pytest.approx(
+        3 * 4 * params / 8 / bw + hw.device.launch_latency, rel=1e-12)
+    alone = Plan(devices=2, dp=1, cp=2, global_batch=2, zero=3, grad_dtype="fp32", zero_impl="fsdp")
+    assert _fsdp_unsharded_grad_bytes(alone, "bf16") == 18

@@ -972,11 +972,12 @@ def _grad_accumulation(hw: Hardware, plan: Plan, params: Any, dtype: str) -> Any
     write its fp32 main_grad (zeroed at the start of the step) instead of writing a half-precision gradient,
     4 + 4 - 2 = 6 extra bytes per parameter from the first micro-batch on; PyTorch's AccumulateGrad adds in
     place (`grad += new`, 3 x 2 bytes) from the second (the first takes the new gradient's buffer), counted here
-    for every micro-batch alike. ZeRO-2/3 keep only a gradient shard, which is what gets added."""
+    for every micro-batch alike. ZeRO-2/3 keep only a gradient shard, which is what gets added: 1/(dp*cp), since
+    context-parallel ranks hold the same weights and shard the states with the data-parallel ones (`memory`)."""
     if mathx.is_zero(params):
         return 0.0
     e = element_bytes(_grad_dtype(plan, dtype))
-    shard = plan.data_parallel if plan.zero >= 2 else 1
+    shard = plan.data_parallel * plan.cp if plan.zero >= 2 else 1
     bw = hw.device.memory_bandwidth * hw.device.eff("memory").peak
     fsdp = _fsdp_unsharded_grad_bytes(plan, dtype) * params
     return (3 * e * params / shard + fsdp) / bw + hw.device.launch_latency
@@ -1002,7 +1003,7 @@ def _fsdp_unsharded_grad_bytes(plan: Plan, dtype: str) -> int:
     of the same kind (the gradient into its main-grad bucket, then `grad_data.mul_(scaling_factor)` in place,
     megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py @d98e8a64); their byte count is
     taken as PyTorch FSDP's, not read from that code."""
-    if plan.zero < 2 or plan.zero_impl != "fsdp" or plan.data_parallel == 1:
+    if plan.zero < 2 or plan.zero_impl != "fsdp" or plan.data_parallel * plan.cp == 1:
         return 0
     weight, grad = element_bytes(_weight_dtype(dtype)), element_bytes(_grad_dtype(plan, dtype))
     split = 2 * weight
