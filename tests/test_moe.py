@@ -545,3 +545,16 @@ def test_megatron_moe_layer_host_operators_by_hand():
     assert ep_collectives(layer, par) == (4, 3)
     assert ep_collectives(padded, par) == (3, 3)
     assert ep_collectives(layer, replace(par, ep_dispatcher="deepep")) == (0, 0)
+
+
+def test_fp8_grouped_gemm_reads_every_resident_experts_weights():
+    """Under an FP8 recipe a grouped expert GEMM still reads each resident expert's [k, n] in FP8 (forward, and
+    for the data gradient) and writes each one's 16-bit weight gradient: 15 more experts, 15 more of each."""
+    from dlperf.ops.fp8 import FP8, fp8_kernels
+    from dlperf.ops.moe import grouped_gemm
+
+    m, k, n, e = 4096, 2048, 1536, 2
+    one, sixteen = (fp8_kernels([grouped_gemm("up", m, k, n, e, g, "n")], e)[-1] for g in (1, 16))
+    assert sixteen.cost.fwd_bytes - one.cost.fwd_bytes == FP8 * 15 * k * n
+    assert sixteen.cost.bwd_bytes - one.cost.bwd_bytes == (FP8 + e) * 15 * k * n
+    assert sixteen.cost.fwd_flops == one.cost.fwd_flops

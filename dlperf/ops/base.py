@@ -48,7 +48,8 @@ class Kernel:
     `bwd_recompute_flops` are forward FLOPs the backward kernel executes again (a fused attention kernel
     recomputes the scores instead of storing them): executed and timed, but not model FLOPs. `weight_gemm` is
     (m, k, n) for a GEMM against a weight matrix (a linear layer or projection), the GEMMs an FP8 recipe runs in
-    FP8 (dlperf.ops.fp8) and overlapped tensor-parallel communication hides behind. `model_work_scale` turns the
+    FP8 (dlperf.ops.fp8) and overlapped tensor-parallel communication hides behind; `weight_groups` is how many
+    [k, n] weight matrices it reads (a grouped expert GEMM: one per resident expert). `model_work_scale` turns the
     executed work into the model FLOPs MFU counts (a causal FlashAttention kernel skips masked blocks that the
     MFU convention still counts).
     `dtype` pins the kernel's compute precision whatever the plan's (a MoE router runs in
@@ -70,6 +71,7 @@ class Kernel:
     tp_dim: str | None = None
     bwd_recompute_flops: Any = 0
     weight_gemm: tuple[Any, Any, Any] | None = None
+    weight_groups: Any = 1
     model_work_scale: Any = 1
     dtype: str | None = None
     expert: bool = False

@@ -72,9 +72,11 @@ def fp8_kernels(kernels: list[Kernel], e: int) -> list[Kernel]:
 
 def _fp8_gemm(kernel: Kernel, m: Any, k: Any, n: Any, e: int) -> Kernel:
     """Same FLOPs; FP8 operands (1 byte) and 16-bit outputs: forward reads X and W, writes Y; backward reads
-    dY twice with W and X, writes dX and dW."""
-    cost = replace(kernel.cost, fwd_bytes=FP8 * (m * k + k * n) + e * m * n,
-                   bwd_bytes=FP8 * 2 * (m * n) + FP8 * (k * n + m * k) + e * (m * k + k * n))
+    dY twice with W and X, writes dX and dW. A grouped expert GEMM reads and writes every resident expert's
+    [k, n] (`weight_groups`), as its 16-bit form does (dlperf.ops.moe.grouped_gemm)."""
+    weights = kernel.weight_groups * k * n
+    cost = replace(kernel.cost, fwd_bytes=FP8 * (m * k + weights) + e * m * n,
+                   bwd_bytes=FP8 * 2 * (m * n) + FP8 * (weights + m * k) + e * (m * k + weights))
     return replace(kernel, cls=FP8_GEMM, cost=cost)
 
 

@@ -68,7 +68,7 @@ def grouped_gemm(name: str, m: Any, k: Any, n: Any, e: int, groups: Any, tp_dim:
     kernel = gemm(name, m, k, n, e, tp_dim=tp_dim)
     more = e * (groups - 1) * k * n
     kernel = replace(kernel, cost=replace(kernel.cost, fwd_bytes=kernel.cost.fwd_bytes + more,
-                                          bwd_bytes=kernel.cost.bwd_bytes + 2 * more))
+                                          bwd_bytes=kernel.cost.bwd_bytes + 2 * more), weight_groups=groups)
     if not isinstance(groups, int) or groups <= 1:
         return kernel
     concurrent = min(TE_GEMM_STREAMS, groups)
