@@ -558,3 +558,16 @@ def test_fp8_grouped_gemm_reads_every_resident_experts_weights():
     assert sixteen.cost.fwd_bytes - one.cost.fwd_bytes == FP8 * 15 * k * n
     assert sixteen.cost.bwd_bytes - one.cost.bwd_bytes == (FP8 + e) * 15 * k * n
     assert sixteen.cost.fwd_flops == one.cost.fwd_flops
+
+
+def test_fp8_recipe_leaves_the_router_in_its_own_precision():
+    """Megatron-Core's router GEMM is torch's linear outside Transformer Engine's fp8_autocast: under an FP8
+    recipe it keeps its pinned dtype and gets no cast kernels; the expert GEMMs become FP8."""
+    from dlperf.ops.fp8 import FP8_GEMM, fp8_kernels
+    from dlperf.ops.moe import moe_kernels
+
+    model = load_model("qwen3-30b-a3b")
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    converted = {k.name: k for k in fp8_kernels(list(moe_kernels(layer, 1, 2)), 2)}
+    assert converted["router"].cls == "matmul" and "router_fp8_cast" not in converted
+    assert converted["expert_down"].cls == FP8_GEMM and "expert_down_fp8_cast" in converted

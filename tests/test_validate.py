@@ -842,8 +842,8 @@ def test_megatron_bridge_blackwell_llama3_fp8_rows_within_20_percent(results):
 @pytest.mark.xfail(strict=True, reason=(
     "Megatron-Bridge MoE rows other than DeepSeek-V3 on H100 (9 rows): all too fast. Qwen3-30B-A3B "
     "(128 experts of width 768, top-8): H100 dropless with EP overlap (25.11, 26.02, 26.02.01) +211%/+217%/+79%, "
-    "H100 token-drop (25.09) +25%, B200/GB200 +35%/+51%; Qwen3-235B-A22B B200 +50%; DeepSeek-V3 token-drop GB200 "
-    "+30%, B200 +58%. The published Qwen3-30B H100 figure halves from 25.09 to 25.11 on the same layout (the "
+    "H100 token-drop (25.09) +25%, B200/GB200 +36%/+51%; Qwen3-235B-A22B B200 +50%; DeepSeek-V3 token-drop GB200 "
+    "+30%, B200 +59%. The published Qwen3-30B H100 figure halves from 25.09 to 25.11 on the same layout (the "
     "stack changed: dropless routing, EP overlap) and nearly doubles from 26.02 to 26.02.01 on another. "
     "Priced since: Transformer Engine's per-expert GEMMs on four streams (ops/moe.py grouped_gemm), the "
     "all-to-all dispatcher's count gather, probability all-to-alls and host sync (engine/context.py "

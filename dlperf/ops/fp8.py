@@ -59,10 +59,12 @@ def kernel_dtype(kernel: Kernel, dtype: str) -> str:
 
 
 def fp8_kernels(kernels: list[Kernel], e: int) -> list[Kernel]:
-    """Each weight GEMM becomes its operand casts and an FP8 GEMM; other kernels are unchanged."""
+    """Each weight GEMM becomes its operand casts and an FP8 GEMM; other kernels are unchanged, and so is a GEMM
+    whose precision the layer pins (a MoE router: Megatron-Core computes it with torch's linear outside Transformer
+    Engine's fp8_autocast, router.py TopKRouter.gating @92c8482e)."""
     out: list[Kernel] = []
     for kernel in kernels:
-        if kernel.weight_gemm is None:
+        if kernel.weight_gemm is None or kernel.dtype is not None:
             out.append(kernel)
             continue
         m, k, n = kernel.weight_gemm
