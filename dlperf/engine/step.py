@@ -118,7 +118,7 @@ class StepModel:
         self.fp8_share = sum(layer.params * n for layer, n in model.counted() if layer in self.fp8) / total \
             if isinstance(total, int) and total else 0.0
         self.layers = len(units(model))
-        self.comm = _comm()
+        self.comm = _PricedComm(_comm(), hw)
         self._stages: dict[tuple, tuple[list[StageCost], StageCost, Any, Any]] = {}
         self._cost: dict[tuple, StageCost] = {}
         self._uses: dict[tuple, list] = {}
@@ -603,6 +603,27 @@ def _comm() -> Any:
     import dlperf.comm as comm
 
     return comm
+
+
+class _PricedComm:
+    """dlperf.comm for one StepModel, with `collective_time` memoised on exactly its arguments when the size is a
+    plain number and the hardware is the model's own: search prices the same collectives (same op, bytes and
+    group) for many plans. Anything else (sympy or numpy sizes, other hardware) is priced afresh."""
+
+    def __init__(self, comm: Any, hw: Hardware) -> None:
+        self._comm, self._hw = comm, hw
+        self._times: dict[tuple, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._comm, name)
+
+    def collective_time(self, op: str, nbytes: Any, group: Any, hw: Hardware, *args: Any) -> Any:
+        if hw is not self._hw or type(nbytes) not in (int, float):
+            return self._comm.collective_time(op, nbytes, group, hw, *args)
+        key = (op, type(nbytes), nbytes, group, args)
+        if key not in self._times:
+            self._times[key] = self._comm.collective_time(op, nbytes, group, hw, *args)
+        return self._times[key]
 
 
 def _tp_comm_fn(comm: Any, hw: Hardware, tp: int) -> Any:
