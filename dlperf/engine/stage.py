@@ -172,8 +172,8 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         rerun = rerun_kernels(use.layer, acts.modules) if acts.modules else frozenset()
         gemm = {"fwd": 0.0, "bwd": 0.0}  # this layer's weight-GEMM seconds per pass: what overlap hides behind
         core = [0.0, 0.0]  # this layer's attention-core seconds, which a ring exchange overlaps
-        for kernel in use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), in_fp8,
-                                  par.ep, par.ep_dispatcher):
+        for kernel in _use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), in_fp8,
+                                   par.ep, par.ep_dispatcher, memo):
             split = divisor if (kernel.split or sp) else 1
             kernel = _cp_kernel(kernel, _cp_split(use, kernel, par))
             fwd, bwd = _kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split, use.tp_dim, memo)
@@ -225,6 +225,19 @@ def _weight_share(kernel: Kernel) -> Any:
     if mathx.is_zero(weight):
         return 0.0
     return weight / kernel.bwd_flops
+
+
+def _use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any, fp8: bool, ep: int,
+                 dispatcher: str, memo: dict | None) -> list[Kernel]:
+    """use_kernels, looked up in `memo` (one dict per hardware) when given, keyed on what it reads of the use:
+    its layer and, for a convolution's algorithm choice, its tp dimension."""
+    if memo is None:
+        return use_kernels(use, batch, e, hw, dtype, divisor, fp8, ep, dispatcher)
+    key = ("use_kernels", use.layer, use.row, batch, e, dtype, divisor, fp8, ep, dispatcher)
+    kernels = memo.get(key)
+    if kernels is None:
+        kernels = memo[key] = use_kernels(use, batch, e, hw, dtype, divisor, fp8, ep, dispatcher)
+    return kernels
 
 
 def _kernel_times(kernel: Kernel, device: Device, dtype: str, split: Any, tp_dim: str | None,
