@@ -176,8 +176,8 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
                                    par.ep, par.ep_dispatcher, memo):
             split = divisor if (kernel.split or sp) else 1
             kernel = _cp_kernel(kernel, _cp_split(use, kernel, par))
-            fwd, bwd = _kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split, use.tp_dim, memo)
-            host_fwd, host_bwd = _dispatch_times(kernel, hw.device, memo)
+            fwd, bwd, host_fwd, host_bwd = _kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split,
+                                                         use.tp_dim, memo)
             load = expert_load(use.layer, par) if kernel.expert else 1
             if load != 1:
                 fwd, bwd = fwd * load, bwd * load
@@ -240,26 +240,15 @@ def _use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor
     return kernels
 
 
-def _dispatch_times(kernel: Kernel, device: Device, memo: dict | None) -> tuple[Any, Any]:
-    """dispatch_times, looked up in `memo` (one dict per hardware) when given."""
-    if memo is None:
-        return dispatch_times(kernel, device)
-    key = ("dispatch_times", kernel)
-    times = memo.get(key)
-    if times is None:
-        times = memo[key] = dispatch_times(kernel, device)
-    return times
-
-
 def _kernel_times(kernel: Kernel, device: Device, dtype: str, split: Any, tp_dim: str | None,
-                  memo: dict | None) -> tuple[Any, Any]:
-    """kernel_times, looked up in `memo` (one dict per hardware) when given."""
+                  memo: dict | None) -> tuple[Any, Any, Any, Any]:
+    """(kernel_times, dispatch_times) as one tuple, looked up in `memo` (one dict per hardware) when given."""
     if memo is None:
-        return kernel_times(kernel, device, dtype, split, tp_dim)
+        return *kernel_times(kernel, device, dtype, split, tp_dim), *dispatch_times(kernel, device)
     key = (kernel, dtype, split, tp_dim)
     times = memo.get(key)
     if times is None:
-        times = memo[key] = kernel_times(kernel, device, dtype, split, tp_dim)
+        times = memo[key] = (*kernel_times(kernel, device, dtype, split, tp_dim), *dispatch_times(kernel, device))
     return times
 
 
