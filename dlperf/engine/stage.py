@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from dlperf import mathx
@@ -64,6 +64,16 @@ class StageCost:
     ep_comm_rerun: Any = 0.0        # ... the expert all-to-alls it reruns
     cp_comm_rerun: Any = 0.0        # ... the context-parallel exchange it reruns
 
+    def with_(self, **changes: Any) -> StageCost:
+        """dataclasses.replace(self, **changes) without re-running __init__ (StageCost has no __post_init__, and
+        the copy shares `per_type` as replace's does): the step makes one per plan; a name that is not a field
+        still raises replace's error."""
+        if not changes.keys() <= _STAGE_FIELDS:
+            return replace(self, **changes)
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__, **changes)
+        return new
+
     @property
     def dp_params(self) -> Any:
         return self.params if self.synced_params is None else self.synced_params
@@ -118,6 +128,9 @@ class StageCost:
         stage."""
         fwd, bwd, _, _ = self.passes(extra_backward)
         return fwd + bwd
+
+
+_STAGE_FIELDS = frozenset(f.name for f in fields(StageCost))
 
 
 def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any) -> tuple[Kernel, str]:

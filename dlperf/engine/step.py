@@ -459,8 +459,8 @@ class StepModel:
             return stage
         key = (id(stage), id(slow))
         if key not in self._pace:
-            self._pace[key] = (replace(stage, forward=slow.forward, backward=slow.backward, host_fwd=slow.host_fwd,
-                                       host_bwd=slow.host_bwd), stage, slow)
+            self._pace[key] = (stage.with_(forward=slow.forward, backward=slow.backward, host_fwd=slow.host_fwd,
+                                           host_bwd=slow.host_bwd), stage, slow)
         return self._pace[key][0]
 
     def _dp_time(self, plan: Plan, slow: StageCost, dtype: str, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
@@ -841,12 +841,12 @@ def _grad_sync(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     group has its replicas at two pipeline ranks (`twin`), half of them at each."""
     if plan.cp == 1 and mathx.is_zero(slow.expert_params):
         return _dp_comm(hw, plan, slow, dtype, comm, units, twin)
-    dense = replace(slow, synced_params=slow.dp_params - slow.expert_params)
+    dense = slow.with_(synced_params=slow.dp_params - slow.expert_params)
     parts = _dp_comm(hw, _dense_group(plan), dense, dtype, comm, units, twin)
     if mathx.is_zero(slow.expert_params):
         return parts
     window = mathx.maximum(slow.backward_window - parts[0] - parts[2], 0.0)
-    experts = replace(slow, synced_params=slow.expert_params, backward=window, host_bwd=0.0)
+    experts = slow.with_(synced_params=slow.expert_params, backward=window, host_bwd=0.0)
     more = _dp_comm(hw, _expert_group(plan), experts, dtype, comm, units, twin)
     return tuple(a + b for a, b in zip(parts, more, strict=True))
 
