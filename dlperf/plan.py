@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from dlperf.errors import PlanError
@@ -102,7 +102,16 @@ class Plan:
         return out
 
     def with_(self, **changes: Any) -> Plan:
-        return replace(self, **changes)
+        """dataclasses.replace(self, **changes) without re-running __init__ (Plan has no __post_init__), which
+        search calls hundreds of thousands of times; a name that is not a field still raises replace's error."""
+        if not changes.keys() <= _FIELDS:
+            return replace(self, **changes)
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__, **changes)
+        return new
+
+
+_FIELDS = frozenset(f.name for f in fields(Plan))
 
 
 def _positive(name: str, value: Any, limit: int = MAX_DEVICES) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from dlperf.ops import OPS
 from dlperf.ops.base import BYTES_PER_ELEMENT, Layer, numel
+from dlperf.ops.fp8 import storage_dtype
 from dlperf.spec.model import Branches, Model, Seq
 
 Comm = tuple[str, str, Any]  # (phase: fwd | bwd, collective, elements per sample)
@@ -127,8 +128,6 @@ def _gather_marker(seq: Seq) -> Layer:
 def element_bytes(dtype: str) -> int:
     """Bytes per stored element under `dtype`'s training recipe: FP8 training stores activations, gradients and
     messages in bf16 and casts only GEMM operands to FP8 (dlperf.ops.fp8)."""
-    from dlperf.ops.fp8 import storage_dtype
-
     return BYTES_PER_ELEMENT[storage_dtype(dtype)]
 
 

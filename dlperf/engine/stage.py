@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from dlperf import mathx
@@ -64,6 +64,16 @@ class StageCost:
     ep_comm_rerun: Any = 0.0        # ... the expert all-to-alls it reruns
     cp_comm_rerun: Any = 0.0        # ... the context-parallel exchange it reruns
 
+    def with_(self, **changes: Any) -> StageCost:
+        """dataclasses.replace(self, **changes) without re-running __init__ (StageCost has no __post_init__, and
+        the copy shares `per_type` as replace's does): the step makes one per plan; a name that is not a field
+        still raises replace's error."""
+        if not changes.keys() <= _STAGE_FIELDS:
+            return replace(self, **changes)
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__, **changes)
+        return new
+
     @property
     def dp_params(self) -> Any:
         return self.params if self.synced_params is None else self.synced_params
@@ -120,6 +130,9 @@ class StageCost:
         return fwd + bwd
 
 
+_STAGE_FIELDS = frozenset(f.name for f in fields(StageCost))
+
+
 def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any) -> tuple[Kernel, str]:
     """cuDNN-style `auto`: the applicable algorithm with the least forward+backward time on this device. A conv
     curve measured per direct FLOP of whatever cuDNN ran (`algorithm_choice`) prices every convolution, an
@@ -172,12 +185,12 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         rerun = rerun_kernels(use.layer, acts.modules) if acts.modules else frozenset()
         gemm = {"fwd": 0.0, "bwd": 0.0}  # this layer's weight-GEMM seconds per pass: what overlap hides behind
         core = [0.0, 0.0]  # this layer's attention-core seconds, which a ring exchange overlaps
-        for kernel in use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), in_fp8,
-                                  par.ep, par.ep_dispatcher):
+        for kernel in _use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), in_fp8,
+                                   par.ep, par.ep_dispatcher, memo):
             split = divisor if (kernel.split or sp) else 1
             kernel = _cp_kernel(kernel, _cp_split(use, kernel, par))
-            fwd, bwd = _kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split, use.tp_dim, memo)
-            host_fwd, host_bwd = dispatch_times(kernel, hw.device)
+            fwd, bwd, host_fwd, host_bwd = _kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split,
+                                                         use.tp_dim, memo)
             load = expert_load(use.layer, par) if kernel.expert else 1
             if load != 1:
                 fwd, bwd = fwd * load, bwd * load
@@ -227,15 +240,28 @@ def _weight_share(kernel: Kernel) -> Any:
     return weight / kernel.bwd_flops
 
 
-def _kernel_times(kernel: Kernel, device: Device, dtype: str, split: Any, tp_dim: str | None,
-                  memo: dict | None) -> tuple[Any, Any]:
-    """kernel_times, looked up in `memo` (one dict per hardware) when given."""
+def _use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any, fp8: bool, ep: int,
+                 dispatcher: str, memo: dict | None) -> list[Kernel]:
+    """use_kernels, looked up in `memo` (one dict per hardware) when given, keyed on what it reads of the use:
+    its layer and, for a convolution's algorithm choice, its tp dimension."""
     if memo is None:
-        return kernel_times(kernel, device, dtype, split, tp_dim)
+        return use_kernels(use, batch, e, hw, dtype, divisor, fp8, ep, dispatcher)
+    key = ("use_kernels", use.layer, use.row, batch, e, dtype, divisor, fp8, ep, dispatcher)
+    kernels = memo.get(key)
+    if kernels is None:
+        kernels = memo[key] = use_kernels(use, batch, e, hw, dtype, divisor, fp8, ep, dispatcher)
+    return kernels
+
+
+def _kernel_times(kernel: Kernel, device: Device, dtype: str, split: Any, tp_dim: str | None,
+                  memo: dict | None) -> tuple[Any, Any, Any, Any]:
+    """(kernel_times, dispatch_times) as one tuple, looked up in `memo` (one dict per hardware) when given."""
+    if memo is None:
+        return *kernel_times(kernel, device, dtype, split, tp_dim), *dispatch_times(kernel, device)
     key = (kernel, dtype, split, tp_dim)
     times = memo.get(key)
     if times is None:
-        times = memo[key] = kernel_times(kernel, device, dtype, split, tp_dim)
+        times = memo[key] = (*kernel_times(kernel, device, dtype, split, tp_dim), *dispatch_times(kernel, device))
     return times
 
 

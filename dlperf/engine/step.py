@@ -118,7 +118,7 @@ class StepModel:
         self.fp8_share = sum(layer.params * n for layer, n in model.counted() if layer in self.fp8) / total \
             if isinstance(total, int) and total else 0.0
         self.layers = len(units(model))
-        self.comm = _comm()
+        self.comm = _PricedComm(_comm(), hw)
         self._stages: dict[tuple, tuple[list[StageCost], StageCost, Any, Any]] = {}
         self._cost: dict[tuple, StageCost] = {}
         self._uses: dict[tuple, list] = {}
@@ -459,8 +459,8 @@ class StepModel:
             return stage
         key = (id(stage), id(slow))
         if key not in self._pace:
-            self._pace[key] = (replace(stage, forward=slow.forward, backward=slow.backward, host_fwd=slow.host_fwd,
-                                       host_bwd=slow.host_bwd), stage, slow)
+            self._pace[key] = (stage.with_(forward=slow.forward, backward=slow.backward, host_fwd=slow.host_fwd,
+                                           host_bwd=slow.host_bwd), stage, slow)
         return self._pace[key][0]
 
     def _dp_time(self, plan: Plan, slow: StageCost, dtype: str, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
@@ -603,6 +603,27 @@ def _comm() -> Any:
     import dlperf.comm as comm
 
     return comm
+
+
+class _PricedComm:
+    """dlperf.comm for one StepModel, with `collective_time` memoised on exactly its arguments when the size is a
+    plain number and the hardware is the model's own: search prices the same collectives (same op, bytes and
+    group) for many plans. Anything else (sympy or numpy sizes, other hardware) is priced afresh."""
+
+    def __init__(self, comm: Any, hw: Hardware) -> None:
+        self._comm, self._hw = comm, hw
+        self._times: dict[tuple, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._comm, name)
+
+    def collective_time(self, op: str, nbytes: Any, group: Any, hw: Hardware, *args: Any) -> Any:
+        if hw is not self._hw or type(nbytes) not in (int, float):
+            return self._comm.collective_time(op, nbytes, group, hw, *args)
+        key = (op, type(nbytes), nbytes, group, args)
+        if key not in self._times:
+            self._times[key] = self._comm.collective_time(op, nbytes, group, hw, *args)
+        return self._times[key]
 
 
 def _tp_comm_fn(comm: Any, hw: Hardware, tp: int) -> Any:
@@ -820,12 +841,12 @@ def _grad_sync(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     group has its replicas at two pipeline ranks (`twin`), half of them at each."""
     if plan.cp == 1 and mathx.is_zero(slow.expert_params):
         return _dp_comm(hw, plan, slow, dtype, comm, units, twin)
-    dense = replace(slow, synced_params=slow.dp_params - slow.expert_params)
+    dense = slow.with_(synced_params=slow.dp_params - slow.expert_params)
     parts = _dp_comm(hw, _dense_group(plan), dense, dtype, comm, units, twin)
     if mathx.is_zero(slow.expert_params):
         return parts
     window = mathx.maximum(slow.backward_window - parts[0] - parts[2], 0.0)
-    experts = replace(slow, synced_params=slow.expert_params, backward=window, host_bwd=0.0)
+    experts = slow.with_(synced_params=slow.expert_params, backward=window, host_bwd=0.0)
     more = _dp_comm(hw, _expert_group(plan), experts, dtype, comm, units, twin)
     return tuple(a + b for a, b in zip(parts, more, strict=True))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -92,10 +93,15 @@ class Model:
 
     def counted(self) -> list[tuple[Layer, int]]:
         """Distinct layers (same op, attributes and input shape) with their total counts, first-seen order."""
+        return list(self._counted)
+
+    @cached_property
+    def _counted(self) -> tuple[tuple[Layer, int], ...]:
+        """`counted`, walked once per model: the tree is frozen, and search asks for it once per plan."""
         totals: dict[Layer, int] = {}
         for layer, count in walk(self.root, 1):
             totals[layer] = totals.get(layer, 0) + count
-        return list(totals.items())
+        return tuple(totals.items())
 
     @property
     def total_params(self) -> Any:
