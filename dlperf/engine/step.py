@@ -416,20 +416,9 @@ class StepModel:
                        recompute=stage.recompute + slower * stage.recompute_kernels)
 
     def _tp_comm(self, tp: int) -> Any:
-        """`_tp_comm_fn` for this tp, memoised on plain-number sizes: search prices the same collectives for
-        many plans."""
+        """`_tp_comm_fn` for this tp, over `self.comm`, which memoises the collectives' times (`_PricedComm`)."""
         if tp not in self._tp_fns:
-            price = _tp_comm_fn(self.comm, self.hw, tp)
-            cache: dict[tuple[str, float], Any] = {}
-
-            def priced(op: str, nbytes: Any) -> Any:
-                if type(nbytes) not in (int, float):
-                    return price(op, nbytes)
-                if (op, nbytes) not in cache:
-                    cache[(op, nbytes)] = price(op, nbytes)
-                return cache[(op, nbytes)]
-
-            self._tp_fns[tp] = priced
+            self._tp_fns[tp] = _tp_comm_fn(self.comm, self.hw, tp)
         return self._tp_fns[tp]
 
     def _p2p_time(self, plan: Plan, e: int, boundary: Any) -> Any:
