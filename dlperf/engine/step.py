@@ -310,9 +310,7 @@ class StepModel:
             # the rerun's collectives under comm/*, as the forward's: compute/recompute <= the blocks' forward
             "compute/recompute": m * share * slow.recompute_kernels,
             "compute/grad_accumulation": m * t.accumulate,
-            # the slowest device's kernels outlast the median device's (dlperf.engine.straggler)
-            "compute/straggler": m * (straggler_factor(self.hw.device.speed_spread, plan.devices) - 1.0)
-            * (slow.forward + slow.backward + share * slow.recompute_kernels),
+            "compute/straggler": m * self._straggler_time(plan, slow, share),
             "comm/tp": m * (slow.tp_comm_fwd + slow.tp_comm_bwd + share * slow.tp_comm_rerun),
             "comm/ep": m * (t.ep_fwd + t.ep_bwd + share * slow.ep_comm_rerun),
             "comm/cp": m * (slow.cp_comm_fwd + slow.cp_comm_bwd + share * slow.cp_comm_rerun),
@@ -366,14 +364,13 @@ class StepModel:
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
         host = pairs * ((fwd_p - dev_fwd_p) + (bwd_p - dev_bwd_p)) + alone * ((fwd_a - dev_fwd_a) + (bwd_a - dev_bwd_a))
         half = m / 2
-        paced, device = device, own[rank]  # the rank's stages at the slowest device's pace; at the median's
+        device = own[rank]  # the rank's stages at the median device's pace, as the breakdown files them
         breakdown = {
             "compute/forward": half * device.forward,
             "compute/backward": half * device.backward,
             "compute/recompute": half * device.recompute_kernels * share,
             "compute/grad_accumulation": half * acc,
-            "compute/straggler": half * (paced.forward - device.forward + paced.backward - device.backward
-                                         + share * (paced.recompute_kernels - device.recompute_kernels)),
+            "compute/straggler": half * self._straggler_time(plan, device, share),
             "comm/tp": half * (device.tp_comm_fwd + device.tp_comm_bwd + share * device.tp_comm_rerun),
             "comm/ep": (pairs * (hide_fwd + hide_bwd) + alone * (device.ep_comm_fwd + device.ep_comm_bwd)) / 2
             + half * share * device.ep_comm_rerun,
@@ -414,6 +411,12 @@ class StepModel:
             return stage
         return replace(stage, forward=stage.forward * (1 + slower), backward=stage.backward * (1 + slower),
                        recompute=stage.recompute + slower * stage.recompute_kernels)
+
+    def _straggler_time(self, plan: Plan, stage: StageCost, share: Any) -> Any:
+        """Seconds per micro-batch by which `_straggling` lengthens the stage's kernels: the breakdown's
+        compute/straggler beside the median device's compute/forward, backward and recompute."""
+        slower = straggler_factor(self.hw.device.speed_spread, plan.devices) - 1.0
+        return slower * (stage.forward + stage.backward + share * stage.recompute_kernels)
 
     def _tp_comm(self, tp: int) -> Any:
         """`_tp_comm_fn` for this tp, over `self.comm`, which memoises the collectives' times (`_PricedComm`)."""

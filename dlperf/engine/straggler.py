@@ -27,5 +27,8 @@ def expected_max_normal(n: int) -> float:
 
 
 def straggler_factor(speed_spread: float, devices: int) -> float:
-    """How much longer the slowest of `devices` ranks computes than the median device: 1 + sigma * z_N."""
+    """How much longer the slowest of `devices` ranks computes than the median device: 1 + sigma * z_N (1 when
+    no spread is cited, without the inverse normal: the step calls this for every plan a search prices)."""
+    if speed_spread == 0:
+        return 1.0
     return 1.0 + speed_spread * expected_max_normal(devices)
