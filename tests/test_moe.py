@@ -523,8 +523,7 @@ def test_megatron_moe_layer_host_operators_by_hand():
     chunk sorts 5. Backward: router 2, fused top-k and aux scores 2, permute 1, GEMMs 2 + 2, SwiGLU 2, unpermute
     1, aux loss 4, gradient sums 2, chunk sorts 2. Collectives: count all-gather and three all-to-alls forward,
     three backward."""
-    from dlperf.engine.context import Parallel
-    from dlperf.engine.stage import ep_collectives
+    from dlperf.engine.context import Parallel, ep_collectives
     from dlperf.ops.moe import moe_kernels
 
     layer = next(layer for layer, _ in load_model("qwen3-30b-a3b").counted() if layer.op == "moe")

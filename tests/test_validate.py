@@ -848,7 +848,7 @@ def test_megatron_bridge_blackwell_llama3_fp8_rows_within_20_percent(results):
     "Priced since: Transformer Engine's per-expert GEMMs on four streams (ops/moe.py grouped_gemm), the "
     "all-to-all dispatcher's count gather, probability all-to-alls and host sync (engine/context.py "
     "ep_dispatch_extra), and Megatron-Core's router, aux-loss, row-id-map, count and chunk-sort operators with "
-    "the dispatcher's collectives on the host (ops/moe.py _bookkeeping, stage.ep_collectives). The H100 layers "
+    "the dispatcher's collectives on the host (ops/moe.py _bookkeeping, context.ep_collectives). The H100 layers "
     "stay device-bound (per MoE layer and micro-batch, host 0.8 ms forward against 1.1 ms of kernels and 0.7 ms "
     "of all-to-alls), so host time is not the missing cost there. Not priced: TE's per-expert FP8 quantization "
     "and padding kernels, CUDA graphs; nothing is fitted to these rows"))

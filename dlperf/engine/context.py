@@ -198,6 +198,17 @@ def ep_dispatch_extra(use: Use, batch: Any, tp: int, par: Parallel) -> tuple[Any
     return counts + probs_alltoall + par.sync_gap, probs_alltoall
 
 
+def ep_collectives(layer: Layer, par: Parallel) -> tuple[int, int]:
+    """(forward, backward) collectives the all-to-all dispatcher issues per MoE layer (token_dispatcher.py
+    MoEAlltoAllTokenDispatcher, NVIDIA/Megatron-LM @92c8482e): forward the tokens-per-expert all-gather
+    (`preprocess`; none when experts are padded to capacity), the token and probability all-to-alls
+    (`token_dispatch`) and the combine's (`token_combine`); backward the three all-to-alls' gradients. Other
+    dispatchers' are not counted."""
+    if par.ep_dispatcher != "alltoall":
+        return 0, 0
+    return (3 if layer.get("capacity_factor") else 4), 3
+
+
 def _alltoall(layer: Layer, par: Parallel, nbytes: Any) -> Any:
     """One all-to-all of `nbytes` per rank over the ep group: flat, or in two legs under group-limited routing
     across nodes (summed; overlapped under DeepEP)."""

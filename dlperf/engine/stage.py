@@ -12,6 +12,7 @@ from dlperf.engine.context import (
     Parallel,
     core_divisor,
     cp_exchange,
+    ep_collectives,
     ep_dispatch_extra,
     ep_exchange,
     expert_load,
@@ -20,7 +21,7 @@ from dlperf.engine.device import dispatch_times, kernel_times
 from dlperf.engine.layers import Use
 from dlperf.engine.overlap import exposed
 from dlperf.ops import OPS
-from dlperf.ops.base import Kernel, Layer
+from dlperf.ops.base import Kernel
 from dlperf.ops.conv import algorithm_kernel, applicable
 from dlperf.ops.dense import quadratic_attention_bytes
 from dlperf.ops.fp8 import fp8_kernels, kernel_dtype, storage_dtype
@@ -311,7 +312,7 @@ def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute:
                core: list[Any], device: Device) -> None:
     """Expert all-to-alls of a MoE layer and the context-parallel exchange of an attention layer; with ep > 1
     the routed experts' parameters are sharded ep ways on top of tp. Issuing each collective of the all-to-all
-    dispatcher is one more op for the host, as a tensor-parallel one (ep_collectives)."""
+    dispatcher is one more op for the host, as a tensor-parallel one (context.ep_collectives)."""
     layer, count = use.layer, use.count
     ep = cp = 0.0  # the forward exchanges, which full recomputation reruns
     host = 0.0
@@ -337,17 +338,6 @@ def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute:
         out.recompute = out.recompute + count * (ep + cp)
         out.ep_comm_rerun = out.ep_comm_rerun + count * ep
         out.cp_comm_rerun = out.cp_comm_rerun + count * cp
-
-
-def ep_collectives(layer: Layer, par: Parallel) -> tuple[int, int]:
-    """(forward, backward) collectives the all-to-all dispatcher issues per MoE layer (token_dispatcher.py
-    MoEAlltoAllTokenDispatcher, NVIDIA/Megatron-LM @92c8482e): forward the tokens-per-expert all-gather
-    (`preprocess`; none when experts are padded to capacity), the token and probability all-to-alls
-    (`token_dispatch`) and the combine's (`token_combine`); backward the three all-to-alls' gradients. Other
-    dispatchers' are not counted."""
-    if par.ep_dispatcher != "alltoall":
-        return 0, 0
-    return (3 if layer.get("capacity_factor") else 4), 3
 
 
 def _full_rerun(recompute: str, use: Use) -> bool:
