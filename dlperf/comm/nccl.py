@@ -465,7 +465,7 @@ def fill_constants(device_name: str) -> tuple[float, float] | None:
     """(FILL_BYTES, FILL_HALF) of the device's architecture class, None where no one-node table measured it."""
     name = device_name.upper()
     for arch, tags in FILL_DEVICES.items():
-        if any(tag in name for tag in tags) and arch in FILL:
+        if any(tag in name for tag in tags):
             return FILL[arch]
     return None
 
