@@ -415,11 +415,16 @@ def _device(node: Any, file: str) -> Device:
 
 
 def _speed_spread(node: dict, file: str) -> float:
-    """device.speed_spread: a fraction in [0, 1) (sigma over median of per-device compute time), default 0."""
-    value = node.get("speed_spread", 0.0)
+    """device.speed_spread (sigma over median of per-device compute time), default 0."""
+    return _device_fraction(node, "speed_spread", file) if "speed_spread" in node else 0.0
+
+
+def _device_fraction(node: dict, key: str, file: str) -> float:
+    """device.<key>: a fraction in [0, 1)."""
+    value = node[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise SpecError(expected="a fraction in [0, 1)", found=value, file=file,
-                        line=line_of(node, "speed_spread"), field="device.speed_spread")
+        raise SpecError(expected="a fraction in [0, 1)", found=value, file=file, line=line_of(node, key),
+                        field=f"device.{key}")
     return float(value)
 
 
@@ -431,11 +436,7 @@ def _reserve(node: dict, file: str) -> dict[str, float]:
         zero = value == 0 or (isinstance(value, str) and re.fullmatch(r"\s*0+(\.0*)?\s*[A-Za-z]*\s*", value))
         out["memory_reserved"] = 0.0 if zero else _quantity(node, "memory_reserved", "bytes", file, "device")
     if "memory_fragmentation" in node:
-        value = node["memory_fragmentation"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-            raise SpecError(expected="a fraction in [0, 1)", found=value, file=file,
-                            line=line_of(node, "memory_fragmentation"), field="device.memory_fragmentation")
-        out["memory_fragmentation"] = float(value)
+        out["memory_fragmentation"] = _device_fraction(node, "memory_fragmentation", file)
     return out
 
 
