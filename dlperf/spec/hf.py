@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dlperf.errors import SpecError
-from dlperf.spec.hf_moe import FLASH_DEFAULT, MOE_FAMILIES
+from dlperf.spec.hf_moe import FLASH_DEFAULT, MOE_FAMILIES, causal_flash
 from dlperf.spec.yamlio import closest, line_of, load_yaml_file
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -89,7 +89,7 @@ def llama(config: dict) -> dict:
         "kv_heads": optional(config, "num_key_value_heads", heads),
         "head_dim": optional(config, "head_dim", max(hidden // heads, 1)),
         "ffn": need(config, "intermediate_size"), "vocab": need(config, "vocab_size"),
-        "seq": need(config, "max_position_embeddings"), "flash": FLASH_DEFAULT["causal"], "flash_version": 2,
+        "seq": need(config, "max_position_embeddings"), **causal_flash(),
     }
     attention = {"op": "attention", "heads": "heads", "kv_heads": "kv_heads", "head_dim": "head_dim",
                  "causal": True, "bias": optional(config, "attention_bias", False),

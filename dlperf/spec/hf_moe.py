@@ -52,8 +52,8 @@ def _layer_list(config: dict, key: str) -> list[int]:
     return value
 
 
-def _flash() -> dict[str, Any]:
-    """The attention kernel params of a converted model (FLASH_DEFAULT: SDPA's FlashAttention-2)."""
+def causal_flash() -> dict[str, Any]:
+    """The attention kernel params of a converted causal model (FLASH_DEFAULT: SDPA's FlashAttention-2)."""
     return {"flash": FLASH_DEFAULT["causal"], "flash_version": 2}
 
 
@@ -133,7 +133,7 @@ def mixtral(config: dict) -> dict:
         "ffn": _get(config, "intermediate_size"),
         "experts": _get(config, "num_local_experts"),
         "top_k": _get(config, "num_experts_per_tok"),
-    } | _flash()
+    } | causal_flash()
     blocks = {"moe_layer": {"layers": _attention(False) + _moe(experts="experts", top_k="top_k", ffn="ffn")}}
     body = _runs(["moe_layer"] * params["layers"])
     return _document(config, "mixtral", params, blocks, body, "transformers models/mixtral/modeling_mixtral.py "
@@ -152,7 +152,7 @@ def _qwen(config: dict, family: str, qkv_bias: bool, qk_norm: bool, shared: bool
         "moe_ffn": _get(config, "moe_intermediate_size"),
         "experts": _get(config, "num_experts"),
         "top_k": _get(config, "num_experts_per_tok"),
-    } | _flash()
+    } | causal_flash()
     moe_attrs: dict[str, Any] = {"experts": "experts", "top_k": "top_k", "ffn": "moe_ffn"}
     if shared:  # Qwen2-MoE: one shared expert of its own width, scaled by sigmoid(x w_gate)
         params["shared_ffn"] = _get(config, "shared_expert_intermediate_size")
