@@ -26,7 +26,7 @@ from dlperf.spec.model import load_model
 MODELS = ("vgg16", "alexnet", "resnet50", "inception-v3", "bert-large", "gpt2-xl")
 HARDWARE = ("p100-roce", "dgx-a100", "dgx1-v100", "p40-pcie")
 CONSTANTS = ("peak_flops", "memory_bandwidth", "launch_latency", "network_bandwidth", "network_latency",
-             "matmul_peak", "network_efficiency")
+             "matmul_peak", "network_efficiency", "host_speed")
 
 
 def assert_more_bandwidth_on_any_level_never_slower(model, hw, plan) -> None:
@@ -48,6 +48,9 @@ def faster(hw, constant: str, factor: float):
         return dataclasses.replace(hw, device=dataclasses.replace(d, memory_bandwidth=d.memory_bandwidth * factor))
     if constant == "launch_latency":
         return dataclasses.replace(hw, device=dataclasses.replace(d, launch_latency=d.launch_latency / factor))
+    if constant == "host_speed":  # a faster host CPU: less host time per launch (device.host.speed)
+        return dataclasses.replace(hw, device=dataclasses.replace(
+            d, dispatch_forward=d.dispatch_forward / factor, dispatch_backward=d.dispatch_backward / factor))
     if constant == "matmul_peak":
         eff = d.eff("matmul")
         better = dataclasses.replace(eff, peak=min(1.0, eff.peak * factor))

@@ -97,13 +97,28 @@ DEFAULT_LAUNCH_LATENCY = 5e-6
 #   facebookresearch/HolisticTraceAnalysis publishes as test data (@f4d0062c, tests/data/; V100 and A100 hosts;
 #   per trace 0.55-2.55; benchmarks/trace_launch_gaps.py prints them). Profiled traces pay the profiler per operator
 #   in both passes, so only their ratio is used: a backward launch costs 1.28 x the forward one.
-# Still a lower bound on a GPU host: DGX A100's EPYC 7742 (Zen 2) is slower per thread than Zen 4, and the counted
-# launches are fewer than the kernels an eager layer really launches. `dlperf calibrate --device cuda` measures
-# the whole (framework and launch call together) on the user's machine.
+# - The host CPU: these are Zen 4 figures, and Python and the dispatcher run on one thread, so they scale with that
+#   thread's speed. The same script on a 2.3 GHz Intel Sapphire Rapids VM (family 6 model 143) printed 35.3 us
+#   forward and 18.6 us backward per launch, 1.75x the Zen 4 figures: across server CPUs the host floor moves by
+#   about 2x. A hardware file names its host in `device.host` with `speed`, its single-thread speed relative to
+#   this Zen 4 reference, and the engine divides the per-launch cost by it (HOST_REFERENCE says how speeds are
+#   derived). A file without it gets the reference's figures, i.e. a fast host.
+# Still a lower bound on a GPU host: the counted launches are fewer than the kernels an eager layer really
+# launches. `dlperf calibrate --device cuda` measures the whole (framework and launch call together) on the
+# user's machine, and a measured `device.dispatch` overrides `device.host`.
 FRAMEWORK_HOST = (20.1e-6, 10.7e-6)
 LAUNCH_CALL = 3.0e-6
 BACKWARD_HOST_RATIO = 1.28
 DEFAULT_DISPATCH = (FRAMEWORK_HOST[0] + LAUNCH_CALL, BACKWARD_HOST_RATIO * (FRAMEWORK_HOST[0] + LAUNCH_CALL))
+# The CPU FRAMEWORK_HOST was measured on, which `device.host.speed` 1.0 means: AMD Zen 4 (EPYC 9004 "Genoa",
+# family 25 model 17) in a cloud VM; its SKU is hidden, so its clock is taken as the 3.7 GHz max boost of the
+# Genoa parts clouds rent (EPYC 9654: 2.4-3.7 GHz). A host's speed is then (its IPC / Zen 4's) x (its max boost /
+# 3.7 GHz), with AMD's generational IPC figures: Zen 3 = 1.19x Zen 2 (AMD's Zen 3 launch, "+19%", as reported
+# in AnandTech's EPYC Milan review, 2021-03-15), Zen 4 = 1.13x Zen 3 (AMD's Ryzen 7000 launch, 2022-08-29:
+# geomean of 22 workloads at a fixed 4 GHz, reported by PC Gamer and Club386). An estimate from vendor figures,
+# not a measurement of the host: Python's branchy, front-end-bound interpreter may gain more or less per
+# generation than AMD's workload mix.
+HOST_REFERENCE = "AMD Zen 4 (EPYC 9004) VM at 3.7 GHz"
 DEFAULT_CHANNELS = 2  # "it should just launch 2 SMs" on a one-NIC system, NCCL's minimum (NVIDIA/nccl#689)
 # What the runtime reserves on a GPU before the model's own tensors, unless the hardware file says otherwise:
 # - 1 GiB fixed: the CUDA context alone takes ~0.7-0.8 GiB once PyTorch touches a GPU (723 MiB for a one-element
@@ -253,9 +268,11 @@ _TOP_KEYS = ("name", "source", "description", "device", "network", "price_per_de
 MAX_EXTENDS_DEPTH = 8  # bases above a file; more is a mistake (a chain, not a cycle: cycles are caught apart)
 _DEVICE_KEYS = (
     "name", "peak_flops", "memory", "memory_bandwidth", "launch_latency", "efficiency", "source", "sms", "dispatch",
-    "memory_reserved", "memory_fragmentation", "speed_spread",
+    "memory_reserved", "memory_fragmentation", "speed_spread", "host",
 )
 _DISPATCH_KEYS = ("forward", "backward", "source")
+_HOST_KEYS = ("cpu", "speed", "source")
+MAX_HOST_SPEED = 100.0  # single-thread speed over the reference CPU; more is a typo, not a CPU
 _LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "link",
                "nvls_bandwidth", "source")
 _EFF_KEYS = ("peak", "half", "startup", "source", "tile", "tile_overhead_k", "algorithm_choice", "dtypes")
@@ -387,14 +404,28 @@ def _dispatch(node: Any, file: str) -> tuple[float, float]:
     return fwd, bwd
 
 
+def _host_speed(node: Any, file: str) -> float:
+    """device.host.speed: the host CPU's single-thread speed over HOST_REFERENCE's (spec/hardware.py)."""
+    where = "device.host"
+    check_keys(node, _HOST_KEYS, file, where, required=("cpu", "speed"))
+    _text(node, "cpu", file, where)
+    value = node["speed"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < _finite(value) <= MAX_HOST_SPEED:
+        raise SpecError(expected=f"a positive number of at most {MAX_HOST_SPEED:g} (single-thread speed over "
+                                 f"{HOST_REFERENCE})", found=value, file=file, line=line_of(node, "speed"),
+                        field="device.host.speed")
+    return float(value)
+
+
 def _device(node: Any, file: str) -> Device:
     where = "device"
     check_keys(node, _DEVICE_KEYS, file, where, required=("name", "peak_flops", "memory", "memory_bandwidth"))
     flops = _section(node, "peak_flops", file, "device.peak_flops")
     check_keys(flops, DTYPES, file, "device.peak_flops", required=("fp32",))
     peak = {dt: _quantity(flops, dt, "flop_rate", file, "device.peak_flops") for dt in flops}
+    speed = _host_speed(_section(node, "host", file, "device.host"), file) if "host" in node else 1.0
     dispatch = _dispatch(_section(node, "dispatch", file, "device.dispatch"), file) if "dispatch" in node else \
-        DEFAULT_DISPATCH
+        (DEFAULT_DISPATCH[0] / speed, DEFAULT_DISPATCH[1] / speed)
     return Device(
         name=_text(node, "name", file, where),
         peak_flops=peak,

@@ -1,0 +1,69 @@
+"""device.host: the CPU that runs the framework and launches the kernels, and its single-thread speed
+(spec/hardware.py, HOST_REFERENCE), which divides the host seconds per launch."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dlperf.engine import predict
+from dlperf.errors import SpecError
+from dlperf.plan import Plan
+from dlperf.spec.hardware import DEFAULT_DISPATCH, load_hardware
+from dlperf.spec.model import load_model
+
+
+@pytest.mark.parametrize(("name", "speed"), [("dgx-a100", 0.683), ("a100-800g", 0.683), ("a100-40gb", 0.683),
+                                             ("jean-zay-a100", 0.885), ("dgx-h100", 1.0)])
+def test_dispatch_is_the_reference_over_the_host_speed(name: str, speed: float) -> None:
+    """DGX A100's EPYC 7742 (Zen 2, 3.4 GHz) is 0.683 of the Zen 4 reference, Jean Zay's EPYC 7543 (Zen 3,
+    3.7 GHz) 0.885 and overrides the file it extends; a file naming no host keeps the reference's figures."""
+    device = load_hardware(name).device
+    assert device.dispatch_forward == pytest.approx(DEFAULT_DISPATCH[0] / speed)
+    assert device.dispatch_backward == pytest.approx(DEFAULT_DISPATCH[1] / speed)
+
+
+def test_a_measured_dispatch_wins_over_the_host_estimate(tmp_path) -> None:
+    path = tmp_path / "measured.yaml"
+    path.write_text("extends: dgx-a100\nname: measured\ndevice:\n  dispatch: {forward: 9 us, backward: 11 us}\n")
+    device = load_hardware(str(path)).device
+    assert (device.dispatch_forward, device.dispatch_backward) == pytest.approx((9e-6, 11e-6))
+
+
+@pytest.mark.parametrize(("host", "field"), [
+    ("{cpu: x, speed: 0}", "device.host.speed"),
+    ("{cpu: x, speed: -1}", "device.host.speed"),
+    ("{cpu: x, speed: 1000}", "device.host.speed"),
+    ("{cpu: x, speed: .nan}", "device.host.speed"),
+    ("{cpu: x, speed: fast}", "device.host.speed"),
+    ("{cpu: x, speed: true}", "device.host.speed"),
+    ("{cpu: '', speed: 1}", "device.host.cpu"),
+    ("{cpu: x, speed: 1, clock: 3}", "device.host"),
+    ("fast", "device.host"),
+])
+def test_a_bad_host_names_its_field(tmp_path, host: str, field: str) -> None:
+    path = tmp_path / "odd.yaml"
+    path.write_text(f"extends: dgx-a100\nname: odd\ndevice:\n  host: {host}\n")
+    with pytest.raises(SpecError) as err:
+        load_hardware(str(path))
+    assert field in str(err.value)
+
+
+@pytest.mark.parametrize("plan", [
+    Plan(devices=8, tp=8, global_batch=2, micro_batch=1, recompute="full"),
+    Plan(devices=8, tp=2, pp=4, global_batch=8, micro_batch=1, recompute="full"),
+    Plan(devices=8, dp=8, global_batch=8, micro_batch=1, zero=3, recompute="selective"),
+])
+def test_a_faster_host_is_never_slower_and_a_slow_one_shows_on_the_host(plan: Plan) -> None:
+    """A small GPT at micro-batch 1 is host-bound on an A100: the step grows with the host's time per launch,
+    and a faster CPU never makes it slower."""
+    model = load_model("gpt", {"hidden": 1024, "heads": 16, "layers": 4, "seq": 1024})
+    hw = load_hardware("dgx-a100")
+    times = []
+    for speed in (0.5, 0.683, 1.0, 2.0):
+        device = replace(hw.device, dispatch_forward=DEFAULT_DISPATCH[0] / speed,
+                         dispatch_backward=DEFAULT_DISPATCH[1] / speed)
+        times.append(predict(model, replace(hw, device=device), plan).step_time_s)
+    assert all(later <= earlier * (1 + 1e-12) for earlier, later in zip(times, times[1:], strict=False))
+    assert times[0] > times[-1]
