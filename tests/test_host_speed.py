@@ -67,3 +67,13 @@ def test_a_faster_host_is_never_slower_and_a_slow_one_shows_on_the_host(plan: Pl
         times.append(predict(model, replace(hw, device=device), plan).step_time_s)
     assert all(later <= earlier * (1 + 1e-12) for earlier, later in zip(times, times[1:], strict=False))
     assert times[0] > times[-1]
+
+
+def test_a_host_bound_prediction_names_the_cpu_it_was_priced_for() -> None:
+    """A step mostly waiting for the CPU says so and names the host; a device-bound one does not."""
+    small = load_model("gpt", {"hidden": 1024, "heads": 16, "layers": 4, "seq": 1024})
+    hw = load_hardware("dgx-a100")
+    bound = predict(small, hw, Plan(devices=8, tp=8, global_batch=2, micro_batch=1, recompute="full"))
+    assert any("host-bound" in n and "EPYC 7742" in n for n in bound.notes)
+    busy = predict(load_model("gpt3-175b"), hw, Plan(devices=1024, tp=8, pp=16, global_batch=1536, micro_batch=1))
+    assert not any("host-bound" in n for n in busy.notes)

@@ -491,7 +491,7 @@ class StepModel:
             # a DualPipe rank's StageCost holds two chunks (one through each of its stages) per pair of micro-batches
             per_type_s={k: plan.micro_batches / (2 if plan.schedule == "dualpipe" else 1) * x
                         for k, x in t.slow.per_type.items()},
-            notes=[] if fits else [memory_note(t.memory, self.hw)],
+            notes=([] if fits else [memory_note(t.memory, self.hw)]) + host_note(t.breakdown_s, t.step_time_s, self.hw),
         )
 
 
@@ -528,6 +528,19 @@ def _dualpipe_time(c: DualPipeChunks, device: StageCost, m: Any, pp: int, rank: 
     busy = (pairs * paired_pace + alone * alone_pace) / 2
     bubble = dualpipe_bubble(paired_pace / 2, c.alone[1] / 2, device.backward_weight / 2, pp)
     return busy, bubble, 2 * alone * t_p2p, pairs, alone  # a paired chunk's sends hide behind its partner
+
+
+HOST_NOTE_SHARE = 0.10  # the host's share of the step from which the prediction says it is host-bound
+
+
+def host_note(breakdown: dict[str, Any], step: float, hw: Hardware) -> list[str]:
+    """A host-bound step depends on the CPU as much as on the GPU: say which CPU it was priced for."""
+    share = float(breakdown.get("overhead/host", 0.0)) / step if step > 0 else 0.0
+    if share < HOST_NOTE_SHARE:
+        return []
+    cpu = hw.device.host_cpu or "the reference CPU (no device.host in the hardware file)"
+    return [f"host-bound: {share:.0%} of the step waits for the CPU to issue kernels, priced for {cpu}; "
+            f"`dlperf calibrate --device cuda` measures your host"]
 
 
 def memory_note(memory: dict[str, Any], hw: Hardware) -> str:

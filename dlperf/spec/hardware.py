@@ -177,6 +177,7 @@ class Device:
     # relative spread (sigma / median) of one device's compute time over devices of this SKU (manufacturing and
     # power-management variation); 0 where no per-device measurement is cited. dlperf.engine.straggler
     speed_spread: float = 0.0
+    host_cpu: str = ""  # the CPU that issues the kernels (device.host.cpu), "" when the file names none
     dtype_curves: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -404,17 +405,17 @@ def _dispatch(node: Any, file: str) -> tuple[float, float]:
     return fwd, bwd
 
 
-def _host_speed(node: Any, file: str) -> float:
-    """device.host.speed: the host CPU's single-thread speed over HOST_REFERENCE's (spec/hardware.py)."""
+def _host(node: Any, file: str) -> tuple[str, float]:
+    """device.host: the CPU's name and its single-thread speed over HOST_REFERENCE's (spec/hardware.py)."""
     where = "device.host"
     check_keys(node, _HOST_KEYS, file, where, required=("cpu", "speed"))
-    _text(node, "cpu", file, where)
+    cpu = _text(node, "cpu", file, where)
     value = node["speed"]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < _finite(value) <= MAX_HOST_SPEED:
         raise SpecError(expected=f"a positive number of at most {MAX_HOST_SPEED:g} (single-thread speed over "
                                  f"{HOST_REFERENCE})", found=value, file=file, line=line_of(node, "speed"),
                         field="device.host.speed")
-    return float(value)
+    return cpu, float(value)
 
 
 def _device(node: Any, file: str) -> Device:
@@ -423,7 +424,7 @@ def _device(node: Any, file: str) -> Device:
     flops = _section(node, "peak_flops", file, "device.peak_flops")
     check_keys(flops, DTYPES, file, "device.peak_flops", required=("fp32",))
     peak = {dt: _quantity(flops, dt, "flop_rate", file, "device.peak_flops") for dt in flops}
-    speed = _host_speed(_section(node, "host", file, "device.host"), file) if "host" in node else 1.0
+    cpu, speed = _host(_section(node, "host", file, "device.host"), file) if "host" in node else ("", 1.0)
     dispatch = _dispatch(_section(node, "dispatch", file, "device.dispatch"), file) if "dispatch" in node else \
         (DEFAULT_DISPATCH[0] / speed, DEFAULT_DISPATCH[1] / speed)
     return Device(
@@ -441,6 +442,7 @@ def _device(node: Any, file: str) -> Device:
         dispatch_forward=dispatch[0],
         dispatch_backward=dispatch[1],
         speed_spread=_speed_spread(node, file),
+        host_cpu=cpu,
         **_reserve(node, file),
     )
 
