@@ -151,6 +151,21 @@ def algorithm_kernel(layer: Layer, algorithm: str, batch: Any, e: int) -> Kernel
     return _gemm_like("direct", "conv", g, batch, e)
 
 
+def layout_transpose_kernel(layer: Layer, batch: Any, e: int) -> Kernel:
+    """The NCHW <-> NHWC transposes cuDNN wraps around a tensor-core convolution whose tensors are NCHW.
+
+    Tensor-core convolution kernels read and write NHWC; given NCHW tensors, cuDNN transposes each operand a call
+    reads into NHWC and the result back (NVIDIA, "Convolutional Layers User's Guide" DA-09794-001, "Tensor Layouts
+    In Memory: NCHW vs NHWC"; an A100 TF32 NCHW forward profiled in pytorch/pytorch#81940 runs
+    cudnn::ops::nchwToNhwcKernel, the NHWC implicit GEMM, then nhwcToNchwKernel). Each transpose reads and
+    writes its tensor once (2 * e bytes per element) in its own launch. Forward: x and w in, y out; backward-data:
+    dy and w in, dx out; backward-filter: x and dy in, dw out, so backward moves each tensor twice."""
+    x, w, y = _io_bytes(_geometry(layer), batch, e)
+    moved = x + w + y
+    return Kernel("layout_transpose", "memory", Cost(fwd_bytes=2 * moved, bwd_bytes=4 * moved, depth=1, bwd_depth=1),
+                  launches=3, bwd_launches=6, framework_ops=0)
+
+
 def _conv_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     algorithm = layer["algorithm"]
     kernels = [algorithm_kernel(layer, "direct" if algorithm == "auto" else algorithm, batch, e)]
