@@ -27,6 +27,10 @@ EP_DISPATCHERS = ("alltoall", "deepep")
 # prefetch (PyTorch FSDP, the default); "deepspeed-0.3", DeepSpeed v0.3.12-v0.4.0's stage 3 (per-tensor gathers
 # through list collectives, device-wide synchronisation, bucketed gradient allreduce).
 ZERO_IMPLS = ("fsdp", "deepspeed-0.3")
+# Activation layout of convolutional networks: "nhwc" (PyTorch channels_last, TensorFlow's default, what cuDNN's
+# tensor-core convolutions read and write) or "nchw" (PyTorch's default contiguous format), in which every
+# tensor-core convolution pays cuDNN's NCHW <-> NHWC transposes (dlperf.ops.conv.layout_transpose_kernel).
+MEMORY_FORMATS = ("nhwc", "nchw")
 # Default load imbalance of dropless expert routing: the busiest expert-parallel rank gets this many times the
 # mean number of routed tokens. Source: Switch Transformer (Fedus et al. 2022, JMLR 23, Sec. 2.2 and Table 1),
 # whose capacity factor -- expert buffer / mean tokens per expert -- of 1.25 is the headroom over the mean load
@@ -72,6 +76,7 @@ class Plan:
     recompute_modules: tuple[str, ...] = ()  # layer parts recomputed in backward (RECOMPUTE_MODULES)
     fp8_activations: bool = False        # Linear inputs inside MLA/MoE cached in FP8 (DeepSeek-V3 Sec. 3.3.3)
     ep_dispatcher: str = "alltoall"      # how expert tokens travel (EP_DISPATCHERS)
+    memory_format: str = "nhwc"          # activation layout of convolutions (MEMORY_FORMATS)
 
     @property
     def data_parallel(self) -> int:
@@ -151,6 +156,7 @@ def _check_knobs(plan: Plan) -> None:
         _choice("grad_dtype", plan.grad_dtype, DTYPES)
     _choice("cp_algorithm", plan.cp_algorithm, CP_ALGORITHMS)
     _choice("zero_impl", plan.zero_impl, ZERO_IMPLS)
+    _choice("memory_format", plan.memory_format, MEMORY_FORMATS)
     if plan.zero_impl != "fsdp" and plan.zero != 3:
         raise PlanError(f"zero_impl {plan.zero_impl} describes ZeRO stage 3", expected="zero: 3", found=plan.zero)
     if plan.zero_impl == "deepspeed-0.3" and (plan.pp > 1 or plan.cp > 1 or plan.ep > 1):

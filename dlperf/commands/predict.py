@@ -76,6 +76,9 @@ def plan_options(fn: Callable) -> Callable:
                      help="Expert token transport: NCCL all-to-alls (BF16, hierarchical legs in sequence) or "
                           "DeepEP (FP8 dispatch under --dtype fp8, BF16 combine, IB and NVLink legs overlapped, "
                           "20 SMs; DeepSeek-V3 Sec. 3.2.2, 3.3.3)."),
+        click.option("--memory-format", type=click.Choice(["nhwc", "nchw"]), default="nhwc", show_default=True,
+                     help="Activation layout of convolutions: nhwc (PyTorch channels_last) or nchw (PyTorch's "
+                          "default), where each tensor-core convolution pays cuDNN's NCHW <-> NHWC transposes."),
         click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1)."),
         click.option("--no-overlap", is_flag=True, help="Do not overlap the gradient allreduce with backward."),
         click.option("--tp-overlap", is_flag=True,
@@ -134,6 +137,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         zero_impl=opts.get("zero_impl") or "fsdp",
         recompute_modules=tuple(m.strip() for m in (opts.get("recompute_modules") or "").split(",") if m.strip()),
         fp8_activations=opts.get("fp8_activations", False), ep_dispatcher=opts.get("ep_dispatcher") or "alltoall",
+        memory_format=opts.get("memory_format") or "nhwc",
     )
     if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
         from dlperf.engine.defaults import default_plan

@@ -22,7 +22,7 @@ from dlperf.engine.layers import Use
 from dlperf.engine.overlap import exposed
 from dlperf.ops import OPS
 from dlperf.ops.base import Kernel
-from dlperf.ops.conv import algorithm_kernel, applicable
+from dlperf.ops.conv import TENSOR_CORE_DTYPES, algorithm_kernel, applicable, layout_transpose_kernel
 from dlperf.ops.dense import quadratic_attention_bytes
 from dlperf.ops.fp8 import fp8_kernels, kernel_dtype, storage_dtype
 from dlperf.ops.fp8 import saved_bytes as fp8_saved_bytes
@@ -150,29 +150,32 @@ def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
 
 
 def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any,
-                fp8: bool = False, ep: int = 1, dispatcher: str = "alltoall") -> list[Kernel]:
+                fp8: bool = False, ep: int = 1, dispatcher: str = "alltoall", nchw: bool = False) -> list[Kernel]:
     """The layer's kernels; with `fp8` (an FP8 recipe's layer) its weight GEMMs in FP8 with their casts; a MoE
     layer under expert parallelism keeps experts / ep on a device (its grouped GEMMs read fewer weights) and
-    does the bookkeeping of its token `dispatcher`."""
+    does the bookkeeping of its token `dispatcher`; with `nchw` (activations in PyTorch's default NCHW layout) a
+    tensor-core convolution also pays cuDNN's layout transposes (dlperf.ops.conv.layout_transpose_kernel)."""
     if use.layer.op == "moe" and ep > 1:
         kernels = list(moe_kernels(use.layer, batch, e, use.layer["experts"] // ep, dispatcher))
         return fp8_kernels(kernels, e) if fp8 else kernels
     kernels = list(OPS[use.layer.op].kernels(use.layer, batch, e))
     if use.layer.op == "conv2d":
         kernels[0] = conv_choice(use, batch, e, hw, storage_dtype(dtype), divisor)[0]
+        if nchw and dtype in TENSOR_CORE_DTYPES:  # NCHW tensors on tensor cores: cuDNN's layout transposes
+            kernels.append(layout_transpose_kernel(use.layer, batch, e))
     return fp8_kernels(kernels, e) if fp8 else kernels
 
 
 def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp: int, sp: bool,
                recompute: str, comm_time: Any, fp8: frozenset = frozenset(), tp_overlap: bool = False,
                par: Parallel | None = None, memo: dict | None = None,
-               acts: ActivationPolicy | None = None) -> StageCost:
+               acts: ActivationPolicy | None = None, nchw: bool = False) -> StageCost:
     """Sum the layers' kernels at micro-batch `batch`; `comm_time(op, nbytes)` prices tp collectives. Under
     dtype fp8, the layers in `fp8` run their weight GEMMs in FP8 (dlperf.ops.fp8); with `tp_overlap` each
     layer's tp collectives hide behind its GEMMs (dlperf.engine.overlap); `par` adds expert and context
     parallelism (None: neither); `memo` keeps kernel times across calls on the same hardware (search prices the
     same kernels for thousands of plans); `acts` recomputes parts of layers and caches activations in FP8
-    (dlperf.ops.recompute; None: neither)."""
+    (dlperf.ops.recompute; None: neither); `nchw` keeps activations NCHW (use_kernels)."""
     out = StageCost()
     par = par or Parallel()
     acts = acts or ActivationPolicy()
@@ -183,7 +186,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         gemm = {"fwd": 0.0, "bwd": 0.0}  # this layer's weight-GEMM seconds per pass: what overlap hides behind
         core = [0.0, 0.0]  # this layer's attention-core seconds, which a ring exchange overlaps
         for kernel in _use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), in_fp8,
-                                   par.ep, par.ep_dispatcher, memo):
+                                   par.ep, par.ep_dispatcher, memo, nchw):
             split = divisor if (kernel.split or sp) else 1
             kernel = _cp_kernel(kernel, _cp_split(use, kernel, par))
             fwd, bwd, host_fwd, host_bwd = _kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split,
@@ -238,15 +241,15 @@ def _weight_share(kernel: Kernel) -> Any:
 
 
 def _use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any, fp8: bool, ep: int,
-                 dispatcher: str, memo: dict | None) -> list[Kernel]:
+                 dispatcher: str, memo: dict | None, nchw: bool = False) -> list[Kernel]:
     """use_kernels, looked up in `memo` (one dict per hardware) when given, keyed on what it reads of the use:
     its layer and, for a convolution's algorithm choice, its tp dimension."""
     if memo is None:
-        return use_kernels(use, batch, e, hw, dtype, divisor, fp8, ep, dispatcher)
-    key = ("use_kernels", use.layer, use.row, batch, e, dtype, divisor, fp8, ep, dispatcher)
+        return use_kernels(use, batch, e, hw, dtype, divisor, fp8, ep, dispatcher, nchw)
+    key = ("use_kernels", use.layer, use.row, batch, e, dtype, divisor, fp8, ep, dispatcher, nchw)
     kernels = memo.get(key)
     if kernels is None:
-        kernels = memo[key] = use_kernels(use, batch, e, hw, dtype, divisor, fp8, ep, dispatcher)
+        kernels = memo[key] = use_kernels(use, batch, e, hw, dtype, divisor, fp8, ep, dispatcher, nchw)
     return kernels
 
 

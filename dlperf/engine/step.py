@@ -192,7 +192,7 @@ class StepModel:
 
     def _summed_cost(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
         key = ("summed", tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype,
-               plan.tp_overlap, *_ep_cp_key(plan), *_acts_key(plan))
+               plan.tp_overlap, plan.memory_format, *_ep_cp_key(plan), *_acts_key(plan))
         if key not in self._cost:
             parts = [self._cost_of([node], plan, dtype, e) for node in nodes]
             total = parts[0]
@@ -203,7 +203,7 @@ class StepModel:
 
     def _cost_of(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
         key = (tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap,
-               *_ep_cp_key(plan), *_acts_key(plan))
+               plan.memory_format, *_ep_cp_key(plan), *_acts_key(plan))
         if key not in self._cost:
             uses_key = (tuple(nodes), plan.sequence_parallel)
             if uses_key not in self._uses:
@@ -211,7 +211,7 @@ class StepModel:
             self._cost[key] = stage_cost(self._uses[uses_key], plan.micro, e, self.hw, dtype, plan.tp,
                                          plan.sequence_parallel, plan.recompute, self._tp_comm(plan.tp),
                                          self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan),
-                                         self._kernel_times, self._policy(plan))
+                                         self._kernel_times, self._policy(plan), plan.memory_format == "nchw")
         return self._cost[key]
 
     def _policy(self, plan: Plan) -> ActivationPolicy | None:

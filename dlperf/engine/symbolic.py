@@ -23,17 +23,18 @@ from dlperf.spec.model import Model
 B, F, F32, M, LAM = sympy.symbols("B F F32 M lam", positive=True)
 
 
-def step_time_expr(model: Model, hw: Hardware, dtype: str, choose_at: int = 1) -> Any:
+def step_time_expr(model: Model, hw: Hardware, dtype: str, choose_at: int = 1, nchw: bool = False) -> Any:
     """Single-device step time in B, F, F32, M, lam (forward + backward; Hockney efficiency per kernel).
     Convolution algorithms left on `auto` are those cuDNN-style choice picks at B = choose_at, and GEMM tile
-    and wave quantization (a step function of B) is the constant factor it has at B = choose_at."""
+    and wave quantization (a step function of B) is the constant factor it has at B = choose_at; `nchw`: the
+    plan's memory_format is nchw (layout transposes around tensor-core convolutions, stage.use_kernels)."""
     e = element_bytes(dtype)
     fp8 = fp8_layers(model.root) if dtype == "fp8" else frozenset()
     total = sympy.Integer(0)
     for layer, count in model.counted():
         use = Use(layer, count, False)
-        kernels = use_kernels(use, B, e, hw, dtype, 1, layer in fp8)
-        at_choice = use_kernels(use, choose_at, e, hw, dtype, 1, layer in fp8)
+        kernels = use_kernels(use, B, e, hw, dtype, 1, layer in fp8, nchw=nchw)
+        at_choice = use_kernels(use, choose_at, e, hw, dtype, 1, layer in fp8, nchw=nchw)
         if layer.op == "conv2d":
             kernels[0] = algorithm_kernel(layer, conv_choice(use, choose_at, e, hw, storage_dtype(dtype), 1)[1],
                                           B, e)
@@ -66,10 +67,10 @@ def _kernel_expr(kernel: Any, hw: Hardware, dtype: str, quantization: tuple[Any,
     return out
 
 
-def closed_form(model: Model, hw: Hardware, dtype: str, choose_at: int = 1) -> dict[str, Any]:
+def closed_form(model: Model, hw: Hardware, dtype: str, choose_at: int = 1, nchw: bool = False) -> dict[str, Any]:
     cost = model_cost(model, B, dtype)
     work, depth = sympy.expand(cost.work), sympy.expand(cost.total_depth)
-    return {"T_step": step_time_expr(model, hw, dtype, choose_at), "W": work, "D": depth,
+    return {"T_step": step_time_expr(model, hw, dtype, choose_at, nchw), "W": work, "D": depth,
             "W/D": sympy.simplify(work / depth)}
 
 
@@ -99,7 +100,7 @@ def symbolic_view(model: Model, hw: Hardware, plan: Any, full: bool = False) -> 
     result = predict(model, hw, plan)
     values = {F: hw.device.peak(dtype), F32: hw.device.peak("fp32"), M: hw.device.memory_bandwidth,
               LAM: hw.device.launch_latency, B: plan.micro}
-    forms = closed_form(model, hw, dtype, plan.micro)
+    forms = closed_form(model, hw, dtype, plan.micro, plan.memory_format == "nchw")
     t_micro = forms["T_step"] if full else resolve_bounds(forms["T_step"], values)
     m = plan.micro_batches
     compute = sum(v for k, v in result.breakdown_s.items() if k.startswith("compute/"))
@@ -141,7 +142,7 @@ def symbolic_text(view: dict[str, Any], latex: bool = False) -> str:
     return "\n".join(lines)
 
 
-def elasticities(model: Model, hw: Hardware, dtype: str, batch: int) -> dict[str, float]:
+def elasticities(model: Model, hw: Hardware, dtype: str, batch: int, nchw: bool = False) -> dict[str, float]:
     """d ln T / d ln X of the one-device closed form T(B) at B = batch, for X in F, F32, M, lam.
 
     The derivative is taken term by term, as sympy would: each kernel phase is Max(compute, memory) + n*lam, so
@@ -155,7 +156,7 @@ def elasticities(model: Model, hw: Hardware, dtype: str, batch: int) -> dict[str
               "launch latency (lam)": 0.0}
     total = 0.0
     for layer, count in model.counted():
-        for kernel in use_kernels(Use(layer, count, False), batch, e, hw, dtype, 1, layer in fp8):
+        for kernel in use_kernels(Use(layer, count, False), batch, e, hw, dtype, 1, layer in fp8, nchw=nchw):
             own = kernel_dtype(kernel, dtype)
             factors = _phase_factors(kernel, compute_stretch(kernel, hw.device, own, 1, None))
             for (flops, nbytes, launches), q in zip(_phases(kernel), factors, strict=True):

@@ -151,6 +151,23 @@ def algorithm_kernel(layer: Layer, algorithm: str, batch: Any, e: int) -> Kernel
     return _gemm_like("direct", "conv", g, batch, e)
 
 
+def layout_transpose_kernel(layer: Layer, batch: Any, e: int) -> Kernel:
+    """The NCHW <-> NHWC transposes cuDNN wraps around a tensor-core convolution whose tensors are NCHW.
+
+    Tensor-core convolution kernels read and write NHWC; given NCHW tensors, cuDNN transposes each operand a call
+    reads into NHWC and the result back (NVIDIA Deep Learning Performance docs, "Convolutional Layers User's
+    Guide", section "Tensor Layouts In Memory: NCHW vs NHWC"; ptrblck's nsys profile of an A100 TF32 NCHW forward
+    in pytorch/pytorch#81940, cuDNN 8.3.2: cudnn::ops::nchwToNhwcKernel, the NHWC implicit GEMM
+    sm80_xmma_fprop_implicit_gemm_tf32f32_..._nhwckrsc_nhwc, then nhwcToNchwKernel, one of each per call). Each
+    transpose reads and writes its tensor once (2 * e bytes per element) in its own launch. Forward: x and w in,
+    y out; backward-data: dy and w in, dx out; backward-filter: x and dy in, dw out, so backward moves each tensor
+    twice."""
+    x, w, y = _io_bytes(_geometry(layer), batch, e)
+    moved = x + w + y
+    return Kernel("layout_transpose", "memory", Cost(fwd_bytes=2 * moved, bwd_bytes=4 * moved, depth=1, bwd_depth=1),
+                  launches=3, bwd_launches=6, framework_ops=0)
+
+
 def _conv_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     algorithm = layer["algorithm"]
     kernels = [algorithm_kernel(layer, "direct" if algorithm == "auto" else algorithm, batch, e)]
