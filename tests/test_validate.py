@@ -638,6 +638,16 @@ def mae(results: list[Result], *tags: str) -> float:
     return mean_abs_error(chosen)
 
 
+def test_every_scored_row_overall_within_10_percent_and_plans_ranked(results):
+    # Issue 12's overall acceptance: mean abs error over every scored row <= 10%, median within-group Spearman
+    # >= 0.9. 9.7% and 0.98 since the host time per launch is priced for each hardware file's CPU (device.host);
+    # vTrain's 1,440 one-node rows weigh most (8.1%), and several sources are still over their own bounds (the
+    # strict xfails below).
+    assert len(results) == 1964
+    assert mean_abs_error(results) <= 10.0
+    assert median_spearman(results) >= 0.9
+
+
 def test_llm_hybrid_rows_within_10_percent(results):
     # Narayanan 2021 Table 1, Megatron-LM 2020 tables and the GPT-3 175B example, with GEMM curves fitted to
     # kernel microbenchmarks (hardware/*.yaml) and tile/wave quantization; nothing fitted to these rows.
