@@ -29,6 +29,7 @@ def test_a_measured_dispatch_wins_over_the_host_estimate(tmp_path) -> None:
     path.write_text("extends: dgx-a100\nname: measured\ndevice:\n  dispatch: {forward: 9 us, backward: 11 us}\n")
     device = load_hardware(str(path)).device
     assert (device.dispatch_forward, device.dispatch_backward) == pytest.approx((9e-6, 11e-6))
+    assert "EPYC" not in device.host_cpu  # the inherited host no longer names what was measured
 
 
 @pytest.mark.parametrize(("host", "field"), [

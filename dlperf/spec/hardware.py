@@ -119,6 +119,7 @@ DEFAULT_DISPATCH = (FRAMEWORK_HOST[0] + LAUNCH_CALL, BACKWARD_HOST_RATIO * (FRAM
 # not a measurement of the host: Python's branchy, front-end-bound interpreter may gain more or less per
 # generation than AMD's workload mix.
 HOST_REFERENCE = "AMD Zen 4 (EPYC 9004) VM at 3.7 GHz"
+MEASURED_HOST = "the host that measured device.dispatch"
 DEFAULT_CHANNELS = 2  # "it should just launch 2 SMs" on a one-NIC system, NCCL's minimum (NVIDIA/nccl#689)
 # What the runtime reserves on a GPU before the model's own tensors, unless the hardware file says otherwise:
 # - 1 GiB fixed: the CUDA context alone takes ~0.7-0.8 GiB once PyTorch touches a GPU (723 MiB for a one-element
@@ -425,8 +426,10 @@ def _device(node: Any, file: str) -> Device:
     check_keys(flops, DTYPES, file, "device.peak_flops", required=("fp32",))
     peak = {dt: _quantity(flops, dt, "flop_rate", file, "device.peak_flops") for dt in flops}
     cpu, speed = _host(_section(node, "host", file, "device.host"), file) if "host" in node else ("", 1.0)
-    dispatch = _dispatch(_section(node, "dispatch", file, "device.dispatch"), file) if "dispatch" in node else \
-        (DEFAULT_DISPATCH[0] / speed, DEFAULT_DISPATCH[1] / speed)
+    if "dispatch" in node:  # measured (dlperf calibrate) on whatever host ran it: device.host no longer applies
+        dispatch, cpu = _dispatch(_section(node, "dispatch", file, "device.dispatch"), file), MEASURED_HOST
+    else:
+        dispatch = (DEFAULT_DISPATCH[0] / speed, DEFAULT_DISPATCH[1] / speed)
     return Device(
         name=_text(node, "name", file, where),
         peak_flops=peak,
