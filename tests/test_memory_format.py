@@ -14,21 +14,12 @@ from dlperf.engine.layers import Use
 from dlperf.engine.stage import use_kernels
 from dlperf.engine.step import StepModel
 from dlperf.errors import PlanError
-from dlperf.ops import OPS
-from dlperf.ops.base import Layer
 from dlperf.ops.conv import layout_transpose_kernel
 from dlperf.plan import Plan, validate
 from dlperf.spec.hardware import load_hardware
 from dlperf.spec.model import load_model
+from tests.test_conv_curve import _conv
 from tests.test_monotone import CONSTANTS, faster
-
-
-def _conv(channels: int, size: int, out: int, kernel: int, stride: int = 1) -> Layer:
-    rule = OPS["conv2d"]
-    attrs = {**rule.attrs, "out": out, "kernel": kernel, "stride": stride, "padding": kernel // 2, "bias": False}
-    shape = (channels, size, size)
-    return Layer("conv2d", tuple(sorted(attrs.items())), shape, rule.shape(shape, attrs), "conv2d",
-                 rule.params(shape, attrs))
 
 
 @functools.cache
