@@ -476,6 +476,8 @@ def _scaled_hardware(hw: Any, factor: float) -> list[tuple[str, Any]]:
                                                                    for k, v in dev.peak_flops.items()}))),
         ("memory bandwidth", replace(hw, device=replace(dev, memory_bandwidth=dev.memory_bandwidth * factor))),
         ("launch latency", replace(hw, device=replace(dev, launch_latency=dev.launch_latency * factor))),
+        ("host time per launch", replace(hw, device=replace(dev, dispatch_forward=dev.dispatch_forward * factor,
+                                                            dispatch_backward=dev.dispatch_backward * factor))),
     ]
     for i, level in enumerate(hw.network):
         for attr, word in (("bandwidth", "bandwidth"), ("latency", "latency")):

@@ -72,6 +72,9 @@ def _hardware_text(hw, fmt: str) -> str:  # noqa: ANN001 - Hardware, imported la
         {"item": "memory", "value": format_quantity(device.memory, "bytes")},
         {"item": "memory bandwidth", "value": format_quantity(device.memory_bandwidth, "bandwidth")},
         {"item": "launch latency", "value": format_quantity(device.launch_latency, "time")},
+        {"item": "host time per launch", "value": f"{format_quantity(device.dispatch_forward, 'time')} forward, "
+                                                  f"{format_quantity(device.dispatch_backward, 'time')} backward "
+                                                  f"({device.host_cpu or 'reference CPU: no device.host'})"},
     ]
     for level in hw.network:
         size = f"{level.size} devices" if level.size else "cluster"
