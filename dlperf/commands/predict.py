@@ -263,7 +263,8 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
     lines.append(f"step time       {q(r.step_time_s, 'time')}")
     lines.append(f"throughput      {r.throughput_samples_per_s:,.1f} samples/s")
     lines.append(f"per device      {r.model_tflops_per_device:.1f} model TFLOP/s "
-                 f"({r.hardware_tflops_per_device:.1f} with recomputation), MFU {100 * r.mfu:.1f}%")
+                 f"({r.hardware_tflops_per_device:.1f} as executed: recomputation in, causal attention's skipped "
+                 f"half out), MFU {100 * r.mfu:.1f}%")
     mem = r.memory
     parts = ", ".join(f"{k} {q(v, 'bytes')}" for k, v in mem.items() if k != "total" and v)
     fits = "fits" if r.fits else f"DOES NOT FIT in {q(hw.device.memory, 'bytes')}"
