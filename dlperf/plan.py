@@ -31,6 +31,11 @@ ZERO_IMPLS = ("fsdp", "deepspeed-0.3")
 # tensor-core convolutions read and write) or "nchw" (PyTorch's default contiguous format), in which every
 # tensor-core convolution pays cuDNN's NCHW <-> NHWC transposes (dlperf.ops.conv.layout_transpose_kernel).
 MEMORY_FORMATS = ("nhwc", "nchw")
+# Where training samples come from (dlperf.engine.input): "synthetic", tensors already on the device (no input
+# pipeline, no cap); "cpu", a PyTorch DataLoader whose `loader_workers` processes per training process run
+# `input_ops` (names in dlperf.engine.input.INPUT_COSTS) on the host's CPU, which caps the step when slower.
+DATA_BACKENDS = ("synthetic", "cpu")
+MAX_LOADER_WORKERS = 1024  # per training process; more is a typo (a node has a few hundred cores)
 # Default load imbalance of dropless expert routing: the busiest expert-parallel rank gets this many times the
 # mean number of routed tokens. Source: Switch Transformer (Fedus et al. 2022, JMLR 23, Sec. 2.2 and Table 1),
 # whose capacity factor -- expert buffer / mean tokens per expert -- of 1.25 is the headroom over the mean load
@@ -77,6 +82,9 @@ class Plan:
     fp8_activations: bool = False        # Linear inputs inside MLA/MoE cached in FP8 (DeepSeek-V3 Sec. 3.3.3)
     ep_dispatcher: str = "alltoall"      # how expert tokens travel (EP_DISPATCHERS)
     memory_format: str = "nhwc"          # activation layout of convolutions (MEMORY_FORMATS)
+    data_backend: str = "synthetic"      # where samples come from (DATA_BACKENDS)
+    loader_workers: int = 0              # CPU loader worker processes per training process (data_backend cpu)
+    input_ops: tuple[str, ...] = ()      # per-sample CPU work of the loader (dlperf.engine.input.INPUT_COSTS)
 
     @property
     def data_parallel(self) -> int:
@@ -164,6 +172,7 @@ def _check_knobs(plan: Plan) -> None:
         raise PlanError("zero_impl deepspeed-0.3 runs without pipeline, context or expert parallelism",
                         expected="pp = cp = ep = 1", found=f"pp={plan.pp} cp={plan.cp} ep={plan.ep}")
     _check_activation_knobs(plan)
+    _check_input(plan)
     value = plan.moe_imbalance
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or not 1 <= value <= 1000):  # also refuses NaN and infinity
@@ -187,6 +196,25 @@ def _check_activation_knobs(plan: Plan) -> None:
     _choice("ep_dispatcher", plan.ep_dispatcher, EP_DISPATCHERS)
     if plan.ep_dispatcher != "alltoall" and plan.ep == 1:
         raise PlanError(f"--ep-dispatcher {plan.ep_dispatcher} moves expert tokens: it needs ep > 1", found=plan.ep)
+
+
+def _check_input(plan: Plan) -> None:
+    """A CPU input pipeline needs workers and the per-sample work they do; synthetic data has neither."""
+    from dlperf.engine.input import INPUT_COSTS
+
+    _choice("data_backend", plan.data_backend, DATA_BACKENDS)
+    workers, ops = plan.loader_workers, plan.input_ops
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 0 <= workers <= MAX_LOADER_WORKERS:
+        raise PlanError("loader_workers", expected=f"an integer from 0 to {MAX_LOADER_WORKERS}", found=workers)
+    if not isinstance(ops, tuple) or any(op not in INPUT_COSTS for op in ops):
+        raise PlanError("input_ops", expected="names among " + ", ".join(INPUT_COSTS),
+                        found=",".join(map(str, ops)) if isinstance(ops, tuple) else ops)
+    if plan.data_backend == "cpu" and (workers == 0 or not ops):
+        raise PlanError("data_backend cpu runs a loader: it needs loader_workers >= 1 and input_ops",
+                        expected="loader_workers >= 1, input_ops named", found=f"{workers} workers, {len(ops)} ops")
+    if plan.data_backend == "synthetic" and (workers or ops):
+        raise PlanError("loader_workers and input_ops describe a CPU loader: they need data_backend cpu",
+                        expected="data_backend cpu", found=plan.data_backend)
 
 
 def check_degrees(plan: Plan) -> None:

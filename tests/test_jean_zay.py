@@ -40,7 +40,8 @@ def same_host(hw, like):
     """`hw` with the host time per launch of `like` (Jean Zay's EPYC 7543 is faster per thread than DGX A100's
     EPYC 7742: device.host), so that only the fabric differs."""
     device = dataclasses.replace(hw.device, dispatch_forward=like.device.dispatch_forward,
-                                 dispatch_backward=like.device.dispatch_backward, host_cpu=like.device.host_cpu)
+                                 dispatch_backward=like.device.dispatch_backward, host_cpu=like.device.host_cpu,
+                                 host_speed=like.device.host_speed, host_cores=like.device.host_cores)
     return dataclasses.replace(hw, device=device)
 
 

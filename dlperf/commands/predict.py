@@ -79,6 +79,15 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--memory-format", type=click.Choice(["nhwc", "nchw"]), default="nhwc", show_default=True,
                      help="Activation layout of convolutions: nhwc (PyTorch channels_last) or nchw (PyTorch's "
                           "default), where each tensor-core convolution pays cuDNN's NCHW <-> NHWC transposes."),
+        click.option("--data-backend", type=click.Choice(["synthetic", "cpu"]), default="synthetic", show_default=True,
+                     help="Where samples come from: synthetic (on the device, no cap) or cpu (a DataLoader of "
+                          "--loader-workers processes per training process running --input-ops; caps the step "
+                          "when slower than the GPU, dlperf.engine.input)."),
+        click.option("--loader-workers", type=int, default=0, show_default=True,
+                     help="CPU loader worker processes per training process (--data-backend cpu)."),
+        click.option("--input-ops", default="", show_default=False,
+                     help="Comma-separated per-sample CPU work of the loader, e.g. "
+                          "jpeg-decode-pillow,rrc224-flip-pillow,fast-collate (dlperf.engine.input.INPUT_COSTS)."),
         click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1)."),
         click.option("--no-overlap", is_flag=True, help="Do not overlap the gradient allreduce with backward."),
         click.option("--tp-overlap", is_flag=True,
@@ -138,6 +147,8 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         recompute_modules=tuple(m.strip() for m in (opts.get("recompute_modules") or "").split(",") if m.strip()),
         fp8_activations=opts.get("fp8_activations", False), ep_dispatcher=opts.get("ep_dispatcher") or "alltoall",
         memory_format=opts.get("memory_format") or "nhwc",
+        data_backend=opts.get("data_backend") or "synthetic", loader_workers=opts.get("loader_workers") or 0,
+        input_ops=tuple(m.strip() for m in (opts.get("input_ops") or "").split(",") if m.strip()),
     )
     if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
         from dlperf.engine.defaults import default_plan

@@ -14,6 +14,7 @@ from dlperf import mathx
 from dlperf.engine import memory as mem
 from dlperf.engine import zero_impl
 from dlperf.engine.context import DEEPEP_SMS, Parallel
+from dlperf.engine.input import input_note, input_wait
 from dlperf.engine.layers import element_bytes, tp_uses
 from dlperf.engine.pipeline import (
     balanced_partition,
@@ -285,7 +286,13 @@ class StepModel:
         if plan.fp8_param_gather and dtype != "fp8":
             raise PlanError("--fp8-param-gather needs FP8 training (--dtype fp8)", found=dtype)
         e = element_bytes(dtype)
-        return self._combine(plan, dtype, e, self.stages(plan, dtype, e), m, v)
+        step, breakdown, memory, slow, dtype, staleness = self._combine(plan, dtype, e, self.stages(plan, dtype, e),
+                                                                        m, v)
+        if plan.data_backend == "synthetic":
+            return step, breakdown, memory, slow, dtype, staleness
+        # the CPU loader runs ahead of the GPU: the step waits only for what it needs beyond its own time
+        wait = input_wait(plan, self.hw, m * plan.micro, step)
+        return step + wait, breakdown | {"input/cpu": wait}, memory, slow, dtype, staleness
 
     def _combine(self, plan: Plan, dtype: str, e: int, staged: tuple[list[StageCost], StageCost, Any, Any], m: Any,
                  v: Any, with_memory: bool = True) -> tuple[Any, dict[str, Any], dict[str, Any], StageCost, str, int]:
@@ -491,7 +498,8 @@ class StepModel:
             # a DualPipe rank's StageCost holds two chunks (one through each of its stages) per pair of micro-batches
             per_type_s={k: plan.micro_batches / (2 if plan.schedule == "dualpipe" else 1) * x
                         for k, x in t.slow.per_type.items()},
-            notes=([] if fits else [memory_note(t.memory, self.hw)]) + host_note(t.breakdown_s, t.step_time_s, self.hw),
+            notes=([] if fits else [memory_note(t.memory, self.hw)]) + host_note(t.breakdown_s, t.step_time_s, self.hw)
+            + input_note(plan, self.hw, t.breakdown_s, t.step_time_s),
         )
 
 

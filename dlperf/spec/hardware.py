@@ -179,6 +179,9 @@ class Device:
     # power-management variation); 0 where no per-device measurement is cited. dlperf.engine.straggler
     speed_spread: float = 0.0
     host_cpu: str = ""  # the CPU that issues the kernels (device.host.cpu), "" when the file names none
+    # input pipeline (dlperf.engine.input): device.host.speed itself, and the node's physical cores (0: not given)
+    host_speed: float = 1.0
+    host_cores: int = 0
     dtype_curves: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -273,7 +276,7 @@ _DEVICE_KEYS = (
     "memory_reserved", "memory_fragmentation", "speed_spread", "host",
 )
 _DISPATCH_KEYS = ("forward", "backward", "source")
-_HOST_KEYS = ("cpu", "speed", "source")
+_HOST_KEYS = ("cpu", "speed", "source", "cores")
 MAX_HOST_SPEED = 100.0  # single-thread speed over the reference CPU; more is a typo, not a CPU
 _LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "link",
                "nvls_bandwidth", "source")
@@ -419,6 +422,11 @@ def _host(node: Any, file: str) -> tuple[str, float]:
     return cpu, float(value)
 
 
+def _host_cores(node: dict, file: str) -> int:
+    """device.host.cores: the node's physical CPU cores, which the input pipeline's workers share."""
+    return _positive_int(node, "cores", file, "device.host") if "cores" in node else 0
+
+
 def _device(node: Any, file: str) -> Device:
     where = "device"
     check_keys(node, _DEVICE_KEYS, file, where, required=("name", "peak_flops", "memory", "memory_bandwidth"))
@@ -426,6 +434,7 @@ def _device(node: Any, file: str) -> Device:
     check_keys(flops, DTYPES, file, "device.peak_flops", required=("fp32",))
     peak = {dt: _quantity(flops, dt, "flop_rate", file, "device.peak_flops") for dt in flops}
     cpu, speed = _host(_section(node, "host", file, "device.host"), file) if "host" in node else ("", 1.0)
+    cores = _host_cores(node["host"], file) if "host" in node else 0
     if "dispatch" in node:  # measured (dlperf calibrate) on whatever host ran it: device.host no longer applies
         dispatch, cpu = _dispatch(_section(node, "dispatch", file, "device.dispatch"), file), MEASURED_HOST
     else:
@@ -446,6 +455,8 @@ def _device(node: Any, file: str) -> Device:
         dispatch_backward=dispatch[1],
         speed_spread=_speed_spread(node, file),
         host_cpu=cpu,
+        host_speed=speed,
+        host_cores=cores,
         **_reserve(node, file),
     )
 
