@@ -98,11 +98,12 @@ DEFAULT_LAUNCH_LATENCY = 5e-6
 #   per trace 0.55-2.55; benchmarks/trace_launch_gaps.py prints them). Profiled traces pay the profiler per operator
 #   in both passes, so only their ratio is used: a backward launch costs 1.28 x the forward one.
 # - The host CPU: these are Zen 4 figures, and Python and the dispatcher run on one thread, so they scale with that
-#   thread's speed. The same script on a 2.3 GHz Intel Sapphire Rapids VM (family 6 model 143) printed 35.3 us
-#   forward and 18.6 us backward per launch, 1.75x the Zen 4 figures: across server CPUs the host floor moves by
-#   about 2x. A hardware file names its host in `device.host` with `speed`, its single-thread speed relative to
-#   this Zen 4 reference, and the engine divides the per-launch cost by it (HOST_REFERENCE says how speeds are
-#   derived). A file without it gets the reference's figures, i.e. a fast host.
+#   thread's speed. The same script on an Intel Xeon VM (family 6 model 207, Emerald Rapids; a dependent-multiply
+#   loop clocks it at ~2.7 GHz) printed 38-40 us forward and 19-21 us backward per launch on a quiet machine, 1.9-2.0x
+#   the Zen 4 figures: across server CPUs the host floor moves by about 2x. A hardware file names its host in
+#   `device.host` with `speed`, its single-thread speed relative to this Zen 4 reference, and the engine divides
+#   the per-launch cost by it (HOST_REFERENCE says how speeds are derived). A file without it gets the
+#   reference's figures, i.e. a fast host.
 # Still a lower bound on a GPU host: the counted launches are fewer than the kernels an eager layer really
 # launches. `dlperf calibrate --device cuda` measures the whole (framework and launch call together) on the
 # user's machine, and a measured `device.dispatch` overrides `device.host`.
