@@ -120,6 +120,19 @@ def test_bad_host_cores_name_their_field(tmp_path, cores: str):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("cores", [4, 8])
+def test_a_node_with_no_core_to_spare_is_refused_in_one_line(run, tmp_path, cores: int):
+    """8 training processes on 8 (or 4) cores leave the loader none: it was accepted, and the step came out
+    infinite, with a 'nan%' note."""
+    path = tmp_path / "few.yaml"
+    path.write_text(f"extends: dgx-a100\nname: few\ndevice:\n  host:\n    cores: {cores}\n")
+    code, out, err = run("predict", "resnet50", str(path), "--gpus", "8", "--global-batch", "256",
+                         "--data-backend", "cpu", "--loader-workers", "8", "--input-ops", "fast-collate")
+    assert code == 2 and not out
+    assert err.startswith(f"Error: {path}:5: device.host.cores: expected more than the node's 8 devices")
+    assert err.count("\n") == 1
+
+
 def test_dgx_a100_has_the_datasheets_128_cores():
     assert _hw().device.host_cores == 128
     assert _hw("a100-40gb").device.host_cores == 128  # extends dgx-a100

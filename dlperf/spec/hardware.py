@@ -279,6 +279,7 @@ _DEVICE_KEYS = (
 _DISPATCH_KEYS = ("forward", "backward", "source")
 _HOST_KEYS = ("cpu", "speed", "source", "cores")
 MAX_HOST_SPEED = 100.0  # single-thread speed over the reference CPU; more is a typo, not a CPU
+MIN_HOST_SPEED = 1 / MAX_HOST_SPEED  # and less: 1e-300 priced a launch at 1e295 s, 5e-324 at infinity (NaN steps)
 _LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "link",
                "nvls_bandwidth", "source")
 _EFF_KEYS = ("peak", "half", "startup", "source", "tile", "tile_overhead_k", "algorithm_choice", "dtypes")
@@ -416,8 +417,9 @@ def _host(node: Any, file: str) -> tuple[str, float]:
     check_keys(node, _HOST_KEYS, file, where, required=("cpu", "speed"))
     cpu = _text(node, "cpu", file, where)
     value = node["speed"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < _finite(value) <= MAX_HOST_SPEED:
-        raise SpecError(expected=f"a positive number of at most {MAX_HOST_SPEED:g} (single-thread speed over "
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not MIN_HOST_SPEED <= _finite(value) <= MAX_HOST_SPEED:
+        raise SpecError(expected=f"a number from {MIN_HOST_SPEED:g} to {MAX_HOST_SPEED:g} (single-thread speed over "
                                  f"{HOST_REFERENCE})", found=value, file=file, line=line_of(node, "speed"),
                         field="device.host.speed")
     return cpu, float(value)
@@ -606,7 +608,7 @@ def _hardware(data: Any, file: str) -> Hardware:
     if not isinstance(calibration, dict):
         raise SpecError(expected="a mapping", found=calibration, file=file, line=line_of(data, "calibration"),
                         field="calibration")
-    return Hardware(
+    hw = Hardware(
         name=_text(data, "name", file, ""),
         source=str(data.get("source", "")),
         device=_device(_section(data, "device", file, "device"), file),
@@ -615,6 +617,19 @@ def _hardware(data: Any, file: str) -> Hardware:
         price_per_device_hour=float(price) if price is not None else None,
         calibration=dict(calibration),
     )
+    _check_host_cores(hw, data["device"], file)
+    return hw
+
+
+def _check_host_cores(hw: Hardware, device: dict, file: str) -> None:
+    """device.host.cores must outnumber the node's devices: each training process keeps a core busy issuing
+    kernels and its loader workers share the rest (dlperf.engine.input); with none left they would supply no
+    samples, and the step would never end."""
+    cores, devices = hw.device.host_cores, hw.devices_per_node
+    if cores and cores <= devices:
+        raise SpecError(expected=f"more than the node's {devices} devices (one core per training process, the "
+                                 "rest for its loader workers)", found=cores, file=file,
+                        line=line_of(device["host"], "cores"), field="device.host.cores")
 
 
 def load_hardware(name_or_path: str | Path) -> Hardware:
