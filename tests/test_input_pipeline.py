@@ -102,6 +102,7 @@ def test_the_dle_resnet_rows_run_the_loader_dle_configured():
     ({"input_ops": "jpeg-decode-pillow"}, "input_ops"),
     ({"loader_workers": 0}, "loader_workers >= 1"),
     ({"input_ops": ()}, "input_ops"),
+    ({"input_ops": ("fast-collate", "fast-collate")}, "input_ops"),
     ({"data_backend": "synthetic"}, "need data_backend cpu"),
 ])
 def test_a_bad_input_pipeline_is_a_one_line_plan_error(changes: dict, match: str):
