@@ -27,6 +27,15 @@ Set both to 0 for a device where nothing is reserved (`memory_reserved: 0 B`, `m
 cited per-device measurement; a step's kernels then run at the pace of the slowest of its devices
 (dlperf.engine.straggler).
 
+`host` (optional) names the CPU that issues the kernels and runs the data loader:
+
+    host: {cpu: "2x AMD EPYC 7742", speed: 0.683, cores: 128, source: "DGX A100 datasheet"}
+
+`speed` (0.01 to 100) is its single-thread speed over HOST_REFERENCE's; the host time per launch is divided by it
+unless a measured `dispatch` is given. `cores` (optional) are the node's physical cores: more than its devices,
+one per training process and the rest shared by their loader workers (dlperf.engine.input). A file that extends
+another merges `host` key by key, so name `cores` again (or null it) when the CPU changes.
+
 A file may start from another one and say only what differs (a 40GB variant of an 80GB machine):
 
     extends: dgx-a100             # a built-in name, or a .yaml path relative to this file
