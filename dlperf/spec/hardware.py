@@ -420,8 +420,9 @@ def _dispatch(node: Any, file: str) -> tuple[float, float]:
     return fwd, bwd
 
 
-def _host(node: Any, file: str) -> tuple[str, float]:
-    """device.host: the CPU's name and its single-thread speed over HOST_REFERENCE's (spec/hardware.py)."""
+def _host(node: Any, file: str) -> tuple[str, float, int]:
+    """device.host: the CPU's name, its single-thread speed over HOST_REFERENCE's (spec/hardware.py) and the node's
+    physical cores, which the input pipeline's workers share (0: not given)."""
     where = "device.host"
     check_keys(node, _HOST_KEYS, file, where, required=("cpu", "speed"))
     cpu = _text(node, "cpu", file, where)
@@ -431,12 +432,8 @@ def _host(node: Any, file: str) -> tuple[str, float]:
         raise SpecError(expected=f"a number from {MIN_HOST_SPEED:g} to {MAX_HOST_SPEED:g} (single-thread speed over "
                                  f"{HOST_REFERENCE})", found=value, file=file, line=line_of(node, "speed"),
                         field="device.host.speed")
-    return cpu, float(value)
-
-
-def _host_cores(node: dict, file: str) -> int:
-    """device.host.cores: the node's physical CPU cores, which the input pipeline's workers share."""
-    return _positive_int(node, "cores", file, "device.host") if "cores" in node else 0
+    cores = _positive_int(node, "cores", file, where) if "cores" in node else 0
+    return cpu, float(value), cores
 
 
 def _device(node: Any, file: str) -> Device:
@@ -445,8 +442,7 @@ def _device(node: Any, file: str) -> Device:
     flops = _section(node, "peak_flops", file, "device.peak_flops")
     check_keys(flops, DTYPES, file, "device.peak_flops", required=("fp32",))
     peak = {dt: _quantity(flops, dt, "flop_rate", file, "device.peak_flops") for dt in flops}
-    cpu, speed = _host(_section(node, "host", file, "device.host"), file) if "host" in node else ("", 1.0)
-    cores = _host_cores(node["host"], file) if "host" in node else 0
+    cpu, speed, cores = _host(_section(node, "host", file, "device.host"), file) if "host" in node else ("", 1.0, 0)
     if "dispatch" in node:  # measured (dlperf calibrate) on whatever host ran it: device.host no longer applies
         dispatch, cpu = _dispatch(_section(node, "dispatch", file, "device.dispatch"), file), MEASURED_HOST
     else:
@@ -636,8 +632,8 @@ def _check_host_cores(hw: Hardware, device: dict, file: str) -> None:
     samples, and the step would never end."""
     cores, devices = hw.device.host_cores, hw.devices_per_node
     if cores and cores <= devices:
-        raise SpecError(expected=f"more than the node's {devices} devices (one core per training process, the "
-                                 "rest for its loader workers)", found=cores, file=file,
+        raise SpecError(expected=f"more than the node's {devices} devices (network[0].size; one core per training "
+                                 "process, the rest for its loader workers)", found=cores, file=file,
                         line=line_of(device["host"], "cores"), field="device.host.cores")
 
 
