@@ -197,6 +197,11 @@ class Device:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype_curves", frozenset(k for k in self.efficiency if "/" in k))
 
+    @property
+    def host_label(self) -> str:
+        """The CPU the host time is priced for, as notes and `dlperf show` name it."""
+        return self.host_cpu or "the reference CPU (no device.host in the hardware file)"
+
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype; fp32 stands in for a dtype the device does not list."""
         if dtype in self.peak_flops:
