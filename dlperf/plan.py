@@ -206,8 +206,8 @@ def _check_input(plan: Plan) -> None:
     workers, ops = plan.loader_workers, plan.input_ops
     if isinstance(workers, bool) or not isinstance(workers, int) or not 0 <= workers <= MAX_LOADER_WORKERS:
         raise PlanError("loader_workers", expected=f"an integer from 0 to {MAX_LOADER_WORKERS}", found=workers)
-    if not isinstance(ops, tuple) or any(op not in INPUT_COSTS for op in ops):
-        raise PlanError("input_ops", expected="names among " + ", ".join(INPUT_COSTS),
+    if not isinstance(ops, tuple) or any(op not in INPUT_COSTS for op in ops) or len(set(ops)) != len(ops):
+        raise PlanError("input_ops", expected="distinct names among " + ", ".join(INPUT_COSTS),
                         found=",".join(map(str, ops)) if isinstance(ops, tuple) else ops)
     if plan.data_backend == "cpu" and (workers == 0 or not ops):
         raise PlanError("data_backend cpu runs a loader: it needs loader_workers >= 1 and input_ops",

@@ -524,6 +524,11 @@ def _knob_changes(plan: Plan) -> list[tuple[str, Plan]]:
     if plan.tp > 1:
         out.append((f"sequence parallel {'on -> off' if plan.sequence_parallel else 'off -> on'}",
                     plan.with_(sequence_parallel=not plan.sequence_parallel)))
+    if plan.data_backend == "cpu":  # an input-bound step moves only with the loader (dlperf.engine.input)
+        workers = plan.loader_workers
+        out.append((f"loader workers {workers} -> {2 * workers}", plan.with_(loader_workers=2 * workers)))
+    if plan.memory_format == "nchw":
+        out.append(("memory format nchw -> nhwc", plan.with_(memory_format="nhwc")))
     return out
 
 

@@ -36,6 +36,8 @@ def test_a_measured_dispatch_wins_over_the_host_estimate(tmp_path) -> None:
     ("{cpu: x, speed: 0}", "device.host.speed"),
     ("{cpu: x, speed: -1}", "device.host.speed"),
     ("{cpu: x, speed: 1000}", "device.host.speed"),
+    ("{cpu: x, speed: 1.0e-300}", "device.host.speed"),  # was accepted: 1e295 s per launch
+    ("{cpu: x, speed: 5.0e-324}", "device.host.speed"),  # was accepted: an infinite launch, a NaN step
     ("{cpu: x, speed: .nan}", "device.host.speed"),
     ("{cpu: x, speed: fast}", "device.host.speed"),
     ("{cpu: x, speed: true}", "device.host.speed"),

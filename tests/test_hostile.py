@@ -224,7 +224,8 @@ def test_every_numeric_model_field_at_every_extreme(run, tmp_path):
 
 
 PLAN_OPTIONS = ["--gpus", "--dp", "--tp", "--pp", "--global-batch", "--micro-batch", "--virtual-stages", "--zero",
-                "--staleness", "--parameter-server", "--compression"]
+                "--staleness", "--parameter-server", "--compression", "--memory-format", "--data-backend",
+                "--loader-workers", "--input-ops"]
 OPTION_VALUES = ["nan", "inf", "-inf", "1e400", "0", "-1", "1.5", "\u0665", "1_000", "10" * 30, "1000000000",
                  "99999999999999999999", "", " ", "\x1b[2J", "qsgd:nan", "topk:inf", "topk:1e-400", "qsgd:0"]
 
@@ -233,6 +234,19 @@ OPTION_VALUES = ["nan", "inf", "-inf", "1e400", "0", "-1", "1.5", "\u0665", "1_0
 @given(option=st.sampled_from(PLAN_OPTIONS), value=st.sampled_from(OPTION_VALUES) | st.text(max_size=8))
 def test_any_plan_option_value_gives_a_result_or_one_line(run, option, value):
     check_outcome(*run("predict", "lenet5", "dgx-a100", option, value, "--format", "json"))
+
+
+LOADER = {"--loader-workers": ["--data-backend", "cpu", "--input-ops", "fast-collate"],
+          "--input-ops": ["--data-backend", "cpu", "--loader-workers", "4"]}
+
+
+@FUZZ
+@given(option=st.sampled_from(sorted(LOADER)), value=st.sampled_from(OPTION_VALUES + ["fast-collate,,x", "4,4"])
+       | st.text(max_size=8), command=st.sampled_from(["predict", "explain"]))
+def test_any_loader_option_value_gives_a_result_or_one_line(run, option, value, command):
+    """The CPU loader's options, each with the others set so that the value itself is what gets checked."""
+    check_outcome(*run(command, "resnet50", "dgx-a100", "--global-batch", "8", *LOADER[option], option, value,
+                       "--format", "json"))
 
 
 FLOAT_OPTIONS = [

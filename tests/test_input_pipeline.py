@@ -102,6 +102,7 @@ def test_the_dle_resnet_rows_run_the_loader_dle_configured():
     ({"input_ops": "jpeg-decode-pillow"}, "input_ops"),
     ({"loader_workers": 0}, "loader_workers >= 1"),
     ({"input_ops": ()}, "input_ops"),
+    ({"input_ops": ("fast-collate", "fast-collate")}, "input_ops"),
     ({"data_backend": "synthetic"}, "need data_backend cpu"),
 ])
 def test_a_bad_input_pipeline_is_a_one_line_plan_error(changes: dict, match: str):
@@ -118,6 +119,19 @@ def test_bad_host_cores_name_their_field(tmp_path, cores: str):
         load_hardware(str(path))
     assert "device.host.cores" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("cores", [4, 8])
+def test_a_node_with_no_core_to_spare_is_refused_in_one_line(run, tmp_path, cores: int):
+    """8 training processes on 8 (or 4) cores leave the loader none: it was accepted, and the step came out
+    infinite, with a 'nan%' note."""
+    path = tmp_path / "few.yaml"
+    path.write_text(f"extends: dgx-a100\nname: few\ndevice:\n  host:\n    cores: {cores}\n")
+    code, out, err = run("predict", "resnet50", str(path), "--gpus", "8", "--global-batch", "256",
+                         "--data-backend", "cpu", "--loader-workers", "8", "--input-ops", "fast-collate")
+    assert code == 2 and not out
+    assert err.startswith(f"Error: {path}:5: device.host.cores: expected more than the node's 8 devices")
+    assert err.count("\n") == 1
 
 
 def test_dgx_a100_has_the_datasheets_128_cores():

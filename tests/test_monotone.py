@@ -48,9 +48,10 @@ def faster(hw, constant: str, factor: float):
         return dataclasses.replace(hw, device=dataclasses.replace(d, memory_bandwidth=d.memory_bandwidth * factor))
     if constant == "launch_latency":
         return dataclasses.replace(hw, device=dataclasses.replace(d, launch_latency=d.launch_latency / factor))
-    if constant == "host_speed":  # a faster host CPU: less host time per launch (device.host.speed)
+    if constant == "host_speed":  # a faster host CPU (device.host.speed): less host time per launch, faster loader
         return dataclasses.replace(hw, device=dataclasses.replace(
-            d, dispatch_forward=d.dispatch_forward / factor, dispatch_backward=d.dispatch_backward / factor))
+            d, dispatch_forward=d.dispatch_forward / factor, dispatch_backward=d.dispatch_backward / factor,
+            host_speed=d.host_speed * factor))
     if constant == "matmul_peak":
         eff = d.eff("matmul")
         better = dataclasses.replace(eff, peak=min(1.0, eff.peak * factor))
@@ -166,3 +167,41 @@ def test_the_stage_holding_a_huge_layer_is_counted_at_every_pp(tmp_path, pp):
     one = StepModel(model, hw).predict(Plan(devices=1, global_batch=8, micro_batch=1))
     assert not result.fits
     assert result.memory["activations"] >= one.memory["activations"] * 0.99
+
+
+LOADER_OPS = ("jpeg-decode-pillow", "rrc224-flip-pillow", "fast-collate")
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(model=st.sampled_from(("resnet50", "vgg16", "inception-v3", "bert-large")),
+       hw=st.sampled_from(("dgx-a100", "jean-zay-a100", "dgx1-v100")), pp=st.sampled_from([1, 2, 4]),
+       dp=st.sampled_from([1, 2, 8]), zero=st.sampled_from([0, 1, 3]),
+       recompute=st.sampled_from(["none", "selective", "full"]), dtype=st.sampled_from(["fp32", "tf32", "fp16"]),
+       micro=st.sampled_from([1, 8, 32]), workers=st.sampled_from([1, 2, 4, 16]),
+       factor=st.sampled_from([1.1, 2.0, 10.0]))
+def test_a_faster_host_more_workers_or_cores_and_nhwc_are_never_slower(model, hw, pp, dp, zero, recompute, dtype,
+                                                                       micro, workers, factor):
+    """The host and the input pipeline across pipelines, ZeRO and recomputation: a faster host CPU (launches and
+    loader), more loader workers, more cores on the node, and NHWC activations instead of NCHW never make a step
+    slower (dlperf.engine.input, spec/hardware.py device.host, dlperf.ops.conv.layout_transpose_kernel)."""
+    base_hw = built("hardware", hw)
+    if hw == "dgx1-v100" and dtype == "tf32":
+        return
+    plan = Plan(devices=dp * pp, pp=pp, global_batch=4 * micro * dp, micro_batch=micro, zero=zero,
+                recompute=recompute, dtype=dtype, data_backend="cpu", loader_workers=workers, input_ops=LOADER_OPS,
+                memory_format="nchw")
+    try:
+        before = step(built("model", model), base_hw, plan)
+    except DlperfError:  # a plan the model cannot take (more stages than layers, ...)
+        return
+    d = base_hw.device
+    more_cores = dataclasses.replace(base_hw, device=dataclasses.replace(d, host_cores=2 * max(d.host_cores, 64)))
+    variants = {
+        "host speed": (faster(base_hw, "host_speed", factor), plan),
+        "workers": (base_hw, plan.with_(loader_workers=2 * workers)),
+        "cores": (more_cores, plan),
+        "nhwc": (base_hw, plan.with_(memory_format="nhwc")),
+    }
+    for name, (hw_after, plan_after) in variants.items():
+        after = step(built("model", model), hw_after, plan_after)
+        assert after <= before * (1 + 1e-9), (name, model, hw, plan, before, after)

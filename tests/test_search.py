@@ -195,6 +195,20 @@ def test_explain_rescales_one_constant(gpt, a100):
     assert out["bottleneck"] == max(base.breakdown_s, key=base.breakdown_s.get)
 
 
+def test_explain_perturbs_the_loader_and_the_layout_the_plan_names():
+    """An input-bound NCHW ResNet-50 step: explain re-predicts with twice the loader workers and with NHWC, the two
+    knobs that can move it (a step waiting for data moves with no hardware constant but the host's)."""
+    model, hw = load_model("resnet50"), load_hardware("dgx-a100")
+    plan = Plan(devices=8, global_batch=2048, micro_batch=256, dtype="tf32", memory_format="nchw",
+                data_backend="cpu", loader_workers=2, input_ops=("jpeg-decode-pillow", "fast-collate"))
+    rows = {r["change"]: r["step_time_s"] for r in explain(model, hw, plan)["sensitivities"]}
+    assert _close(rows["loader workers 2 -> 4"], predict(model, hw, plan.with_(loader_workers=4)).step_time_s)
+    assert rows["loader workers 2 -> 4"] < predict(model, hw, plan).step_time_s
+    assert _close(rows["memory format nchw -> nhwc"], predict(model, hw, plan.with_(memory_format="nhwc")).step_time_s)
+    synthetic = explain(model, hw, Plan(devices=8, global_batch=2048, micro_batch=256))["sensitivities"]
+    assert not any(r["change"].startswith(("loader", "memory format")) for r in synthetic)
+
+
 def test_progress_quiet_when_piped(capsys):
     assert terminal_progress("x") is None  # pytest captures stderr: not a terminal
 

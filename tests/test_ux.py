@@ -203,6 +203,30 @@ def test_symbolic_honours_the_format_and_says_what_it_is(run):
     assert len(out) < 2000 and "Max(" not in out  # ResNet-50 printed ~10 kB of Max(...) before
 
 
+def test_symbolic_step_of_an_input_bound_plan_is_the_loaders_time():
+    """Under a CPU loader the step is Max(GPU step, loader time) (dlperf.engine.input): the closed form at the
+    device's own F, F32, M, lam gives the predicted step, and the loader's wait is not called communication (it
+    printed 'T_step = ... + 181 ms of exposed data-parallel communication' and a formula that moved with M)."""
+    import sympy
+
+    from dlperf.engine.symbolic import F32, LAM, F, M, symbolic_view
+    from dlperf.plan import Plan
+    from dlperf.spec.hardware import load_hardware
+    from dlperf.spec.model import load_model
+
+    hw = load_hardware("dgx-a100")
+    plan = Plan(devices=8, global_batch=2048, micro_batch=256, dtype="tf32", data_backend="cpu", loader_workers=2,
+                input_ops=("jpeg-decode-pillow",))
+    view = symbolic_view(load_model("resnet50"), hw, plan)
+    values = {F: hw.device.peak("tf32"), F32: hw.device.peak("fp32"), M: hw.device.memory_bandwidth,
+              LAM: hw.device.launch_latency}
+    assert float(view["T_step"].subs(values)) == pytest.approx(view["T_step_value_s"], rel=1e-3)
+    assert isinstance(view["T_step"], sympy.Max)
+    assert float(view["T_step"].subs(values | {M: 2 * hw.device.memory_bandwidth})) == \
+        pytest.approx(view["T_step_value_s"], rel=1e-3)  # input-bound: the memory bandwidth does not move it
+    assert "ms of exposed" not in view["notes"][0]
+
+
 def test_symbolic_refuses_a_plan_it_cannot_describe(run):
     code, _, err = run("predict", *GPT3_MEGATRON, "--symbolic")
     assert code == 2

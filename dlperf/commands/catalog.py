@@ -74,7 +74,7 @@ def _hardware_text(hw, fmt: str) -> str:  # noqa: ANN001 - Hardware, imported la
         {"item": "launch latency", "value": format_quantity(device.launch_latency, "time")},
         {"item": "host time per launch", "value": f"{format_quantity(device.dispatch_forward, 'time')} forward, "
                                                   f"{format_quantity(device.dispatch_backward, 'time')} backward "
-                                                  f"({device.host_cpu or 'reference CPU: no device.host'})"},
+                                                  f"on {device.host_label}"},
     ]
     for level in hw.network:
         size = f"{level.size} devices" if level.size else "cluster"

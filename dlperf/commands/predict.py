@@ -84,7 +84,8 @@ def plan_options(fn: Callable) -> Callable:
                           "--loader-workers processes per training process running --input-ops; caps the step "
                           "when slower than the GPU, dlperf.engine.input)."),
         click.option("--loader-workers", type=int, default=0, show_default=True,
-                     help="CPU loader worker processes per training process (--data-backend cpu)."),
+                     help="CPU loader worker processes per training process (--data-backend cpu); where the "
+                          "hardware file gives device.host.cores, at most the node's spare cores per process count."),
         click.option("--input-ops", default="", show_default=False,
                      help="Comma-separated per-sample CPU work of the loader, e.g. "
                           "jpeg-decode-pillow,rrc224-flip-pillow,fast-collate (dlperf.engine.input.INPUT_COSTS)."),

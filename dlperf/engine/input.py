@@ -101,7 +101,7 @@ def input_note(plan: Plan, hw: Hardware, breakdown: dict[str, Any], step: float)
     wait = float(breakdown.get("input/cpu", 0.0))
     if plan.data_backend != "cpu" or wait <= INPUT_NOTE_SHARE * step or step <= 0:
         return []
-    cpu = hw.device.host_cpu or "the reference CPU (no device.host in the hardware file)"
+    cpu = hw.device.host_label
     return [f"input-bound: {wait / step:.0%} of the step waits for data: {effective_workers(plan, hw):g} loader "
             f"workers per process supply {loader_rate(plan, hw):,.0f} samples/s at "
             f"{sample_seconds(plan) / hw.device.host_speed * 1e3:.2f} ms CPU per sample on {cpu}"]

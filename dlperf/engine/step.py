@@ -546,7 +546,7 @@ def host_note(breakdown: dict[str, Any], step: float, hw: Hardware) -> list[str]
     share = float(breakdown.get("overhead/host", 0.0)) / step if step > 0 else 0.0
     if share < HOST_NOTE_SHARE:
         return []
-    cpu = hw.device.host_cpu or "the reference CPU (no device.host in the hardware file)"
+    cpu = hw.device.host_label
     return [f"host-bound: {share:.0%} of the step waits for the CPU to issue kernels, priced for {cpu}; "
             f"`dlperf calibrate --device cuda` measures your host"]
 

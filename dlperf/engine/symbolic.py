@@ -12,6 +12,7 @@ from typing import Any
 import sympy
 
 from dlperf.engine.device import MATRIX_CLASSES, compute_efficiency, compute_stretch, memory_efficiency, startup_time
+from dlperf.engine.input import input_time
 from dlperf.engine.layers import Use, element_bytes
 from dlperf.engine.stage import conv_choice, use_kernels
 from dlperf.engine.work import model_cost
@@ -104,7 +105,8 @@ def symbolic_view(model: Model, hw: Hardware, plan: Any, full: bool = False) -> 
     t_micro = forms["T_step"] if full else resolve_bounds(forms["T_step"], values)
     m = plan.micro_batches
     compute = sum(v for k, v in result.breakdown_s.items() if k.startswith("compute/"))
-    rest = result.step_time_s - compute
+    wait = result.breakdown_s.get("input/cpu", 0.0)
+    rest = result.step_time_s - compute - wait
     what = (f"one {hw.device.name}'s forward and backward pass over a micro-batch of B samples ({model.name}, "
             f"{dtype})" + ("" if full else f"; each kernel's compute-or-memory bound as at B = {plan.micro}"))
     return {
@@ -112,16 +114,27 @@ def symbolic_view(model: Model, hw: Hardware, plan: Any, full: bool = False) -> 
         "plan": f"{plan.devices} device(s), dp={plan.data_parallel}, micro-batch {plan.micro} x {m} per step",
         "symbols": {"B": plan.micro, "F": values[F], "F32": values[F32], "M": values[M], "lam": values[LAM]},
         "T(B)": t_micro,
-        "T_step": sympy.Float(m, 4) * t_micro.subs(B, plan.micro) + sympy.Float(rest, 4) if m != 1 or rest else
-        t_micro.subs(B, plan.micro),
+        "T_step": _with_loader(sympy.Float(m, 4) * t_micro.subs(B, plan.micro) + sympy.Float(rest, 4)
+                               if m != 1 or rest else t_micro.subs(B, plan.micro), plan, hw),
         "T_step_value_s": result.step_time_s,
         "W": forms["W"],
         "D": forms["D"] if full else _at(resolve_bounds(forms["D"], values), plan.micro),
         "W/D": forms["W/D"] if full else _at(resolve_bounds(forms["W/D"], values), plan.micro),
         "notes": [f"T_step = {m} x T({plan.micro}) + {format_quantity(rest, 'time')} of exposed data-parallel "
                   f"communication and optimizer (numbers from `dlperf predict`); F, F32, M, lam stay symbols"]
+                 + ([] if plan.data_backend != "cpu" else [
+                     f"Max(..., {format_quantity(input_time(plan, hw, m * plan.micro), 'time')}): the CPU loader's "
+                     f"time for the step's samples, which the step waits for when it is longer (dlperf.engine.input)"])
                  + ([] if full else [f"D and W/D at B = {plan.micro} (--full: as expressions in B)"]),
     }
+
+
+def _with_loader(step: Any, plan: Any, hw: Hardware) -> Any:
+    """The step as Max(GPU step, the CPU loader's time for its samples) under data_backend cpu: the loader runs
+    ahead, so the step lasts the longer of the two (dlperf.engine.input.input_wait)."""
+    if plan.data_backend != "cpu":
+        return step
+    return sympy.Max(step, sympy.Float(input_time(plan, hw, plan.micro_batches * plan.micro), 4))
 
 
 def _at(expr: Any, batch: int) -> Any:

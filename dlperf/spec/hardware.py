@@ -27,6 +27,15 @@ Set both to 0 for a device where nothing is reserved (`memory_reserved: 0 B`, `m
 cited per-device measurement; a step's kernels then run at the pace of the slowest of its devices
 (dlperf.engine.straggler).
 
+`host` (optional) names the CPU that issues the kernels and runs the data loader:
+
+    host: {cpu: "2x AMD EPYC 7742", speed: 0.683, cores: 128, source: "DGX A100 datasheet"}
+
+`speed` (0.01 to 100) is its single-thread speed over HOST_REFERENCE's; the host time per launch is divided by it
+unless a measured `dispatch` is given. `cores` (optional) are the node's physical cores: more than its devices,
+one per training process and the rest shared by their loader workers (dlperf.engine.input). A file that extends
+another merges `host` key by key, so name `cores` again (or null it) when the CPU changes.
+
 A file may start from another one and say only what differs (a 40GB variant of an 80GB machine):
 
     extends: dgx-a100             # a built-in name, or a .yaml path relative to this file
@@ -188,6 +197,11 @@ class Device:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype_curves", frozenset(k for k in self.efficiency if "/" in k))
 
+    @property
+    def host_label(self) -> str:
+        """The CPU the host time is priced for, as notes and `dlperf show` name it."""
+        return self.host_cpu or "the reference CPU (no device.host in the hardware file)"
+
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype; fp32 stands in for a dtype the device does not list."""
         if dtype in self.peak_flops:
@@ -279,6 +293,7 @@ _DEVICE_KEYS = (
 _DISPATCH_KEYS = ("forward", "backward", "source")
 _HOST_KEYS = ("cpu", "speed", "source", "cores")
 MAX_HOST_SPEED = 100.0  # single-thread speed over the reference CPU; more is a typo, not a CPU
+MIN_HOST_SPEED = 1 / MAX_HOST_SPEED  # and less: 1e-300 priced a launch at 1e295 s, 5e-324 at infinity (NaN steps)
 _LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "link",
                "nvls_bandwidth", "source")
 _EFF_KEYS = ("peak", "half", "startup", "source", "tile", "tile_overhead_k", "algorithm_choice", "dtypes")
@@ -410,22 +425,20 @@ def _dispatch(node: Any, file: str) -> tuple[float, float]:
     return fwd, bwd
 
 
-def _host(node: Any, file: str) -> tuple[str, float]:
-    """device.host: the CPU's name and its single-thread speed over HOST_REFERENCE's (spec/hardware.py)."""
+def _host(node: Any, file: str) -> tuple[str, float, int]:
+    """device.host: the CPU's name, its single-thread speed over HOST_REFERENCE's (spec/hardware.py) and the node's
+    physical cores, which the input pipeline's workers share (0: not given)."""
     where = "device.host"
     check_keys(node, _HOST_KEYS, file, where, required=("cpu", "speed"))
     cpu = _text(node, "cpu", file, where)
     value = node["speed"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < _finite(value) <= MAX_HOST_SPEED:
-        raise SpecError(expected=f"a positive number of at most {MAX_HOST_SPEED:g} (single-thread speed over "
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not MIN_HOST_SPEED <= _finite(value) <= MAX_HOST_SPEED:
+        raise SpecError(expected=f"a number from {MIN_HOST_SPEED:g} to {MAX_HOST_SPEED:g} (single-thread speed over "
                                  f"{HOST_REFERENCE})", found=value, file=file, line=line_of(node, "speed"),
                         field="device.host.speed")
-    return cpu, float(value)
-
-
-def _host_cores(node: dict, file: str) -> int:
-    """device.host.cores: the node's physical CPU cores, which the input pipeline's workers share."""
-    return _positive_int(node, "cores", file, "device.host") if "cores" in node else 0
+    cores = _positive_int(node, "cores", file, where) if "cores" in node else 0
+    return cpu, float(value), cores
 
 
 def _device(node: Any, file: str) -> Device:
@@ -434,8 +447,7 @@ def _device(node: Any, file: str) -> Device:
     flops = _section(node, "peak_flops", file, "device.peak_flops")
     check_keys(flops, DTYPES, file, "device.peak_flops", required=("fp32",))
     peak = {dt: _quantity(flops, dt, "flop_rate", file, "device.peak_flops") for dt in flops}
-    cpu, speed = _host(_section(node, "host", file, "device.host"), file) if "host" in node else ("", 1.0)
-    cores = _host_cores(node["host"], file) if "host" in node else 0
+    cpu, speed, cores = _host(_section(node, "host", file, "device.host"), file) if "host" in node else ("", 1.0, 0)
     if "dispatch" in node:  # measured (dlperf calibrate) on whatever host ran it: device.host no longer applies
         dispatch, cpu = _dispatch(_section(node, "dispatch", file, "device.dispatch"), file), MEASURED_HOST
     else:
@@ -606,7 +618,7 @@ def _hardware(data: Any, file: str) -> Hardware:
     if not isinstance(calibration, dict):
         raise SpecError(expected="a mapping", found=calibration, file=file, line=line_of(data, "calibration"),
                         field="calibration")
-    return Hardware(
+    hw = Hardware(
         name=_text(data, "name", file, ""),
         source=str(data.get("source", "")),
         device=_device(_section(data, "device", file, "device"), file),
@@ -615,6 +627,19 @@ def _hardware(data: Any, file: str) -> Hardware:
         price_per_device_hour=float(price) if price is not None else None,
         calibration=dict(calibration),
     )
+    _check_host_cores(hw, data["device"], file)
+    return hw
+
+
+def _check_host_cores(hw: Hardware, device: dict, file: str) -> None:
+    """device.host.cores must outnumber the node's devices: each training process keeps a core busy issuing
+    kernels and its loader workers share the rest (dlperf.engine.input); with none left they would supply no
+    samples, and the step would never end."""
+    cores, devices = hw.device.host_cores, hw.devices_per_node
+    if cores and cores <= devices:
+        raise SpecError(expected=f"more than the node's {devices} devices (network[0].size; one core per training "
+                                 "process, the rest for its loader workers)", found=cores, file=file,
+                        line=line_of(device["host"], "cores"), field="device.host.cores")
 
 
 def load_hardware(name_or_path: str | Path) -> Hardware:
