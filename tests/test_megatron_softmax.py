@@ -43,6 +43,7 @@ def test_batches_per_block_is_megatrons_get_batch_per_block():
     (1, 16, 1024, 1024, 4, True, False),    # fp32 input
     (1, 12, 64, 64, 2, True, False),        # 12 rows, but 8 a block at sk 64
     (1, 12, 64, 64, 2, False, True),        # the padding-mask kernel tests sq instead
+    (1, 2, 64, 64, 2, False, False),        # ... after b x heads % 4, which it refuses here
 ])
 def test_fused_softmax_rule_follows_is_kernel_available(batch, heads, sq, sk, e, causal, fused):
     assert megatron_fused_softmax(batch, heads, sq, sk, e, causal) is fused
