@@ -23,7 +23,7 @@ from dlperf.engine.overlap import exposed
 from dlperf.ops import OPS
 from dlperf.ops.base import Kernel
 from dlperf.ops.conv import TENSOR_CORE_DTYPES, algorithm_kernel, applicable, layout_transpose_kernel
-from dlperf.ops.dense import quadratic_attention_bytes
+from dlperf.ops.dense import quadratic_attention_bytes, softmax_for_rank
 from dlperf.ops.fp8 import fp8_kernels, kernel_dtype, storage_dtype
 from dlperf.ops.fp8 import saved_bytes as fp8_saved_bytes
 from dlperf.ops.moe import moe_kernels
@@ -150,15 +150,20 @@ def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
 
 
 def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any,
-                fp8: bool = False, ep: int = 1, dispatcher: str = "alltoall", nchw: bool = False) -> list[Kernel]:
+                fp8: bool = False, ep: int = 1, dispatcher: str = "alltoall", nchw: bool = False,
+                fallback: bool = True) -> list[Kernel]:
     """The layer's kernels; with `fp8` (an FP8 recipe's layer) its weight GEMMs in FP8 with their casts; a MoE
     layer under expert parallelism keeps experts / ep on a device (its grouped GEMMs read fewer weights) and
     does the bookkeeping of its token `dispatcher`; with `nchw` (activations in PyTorch's default NCHW layout) a
-    tensor-core convolution also pays cuDNN's layout transposes (dlperf.ops.conv.layout_transpose_kernel)."""
+    tensor-core convolution also pays cuDNN's layout transposes (dlperf.ops.conv.layout_transpose_kernel). An
+    attention layer with `softmax: megatron` runs Megatron's PyTorch softmax where its fused kernel refuses the
+    micro-batch and heads per rank (dlperf.ops.dense.softmax_for_rank; `fallback` False keeps the fused one)."""
     if use.layer.op == "moe" and ep > 1:
         kernels = list(moe_kernels(use.layer, batch, e, use.layer["experts"] // ep, dispatcher))
         return fp8_kernels(kernels, e) if fp8 else kernels
     kernels = list(OPS[use.layer.op].kernels(use.layer, batch, e))
+    if fallback:
+        kernels = softmax_for_rank(use.layer, kernels, batch, e, divisor)
     if use.layer.op == "conv2d":
         kernels[0] = conv_choice(use, batch, e, hw, storage_dtype(dtype), divisor)[0]
         if nchw and dtype in TENSOR_CORE_DTYPES:  # NCHW tensors on tensor cores: cuDNN's layout transposes

@@ -35,7 +35,8 @@ def step_time_expr(model: Model, hw: Hardware, dtype: str, choose_at: int = 1, n
     for layer, count in model.counted():
         use = Use(layer, count, False)
         kernels = use_kernels(use, B, e, hw, dtype, 1, layer in fp8, nchw=nchw)
-        at_choice = use_kernels(use, choose_at, e, hw, dtype, 1, layer in fp8, nchw=nchw)
+        # the fused softmax at B = choose_at too: which softmax Megatron runs depends on B, which is a symbol here
+        at_choice = use_kernels(use, choose_at, e, hw, dtype, 1, layer in fp8, nchw=nchw, fallback=False)
         if layer.op == "conv2d":
             kernels[0] = algorithm_kernel(layer, conv_choice(use, choose_at, e, hw, storage_dtype(dtype), 1)[1],
                                           B, e)

@@ -214,6 +214,85 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     return tuple(kernels)
 
 
+SOFTMAX_IMPLS = ("fused", "megatron")
+# Megatron's FusedScaleMaskSoftmax (`softmax: megatron`) runs its fused scale-mask-softmax kernel only when
+# is_kernel_available says so, and otherwise the softmax in PyTorch ops (microsoft/Megatron-DeepSpeed
+# megatron/model/fused_softmax.py @f4157bea, FusedScaleMaskSoftmax.is_kernel_available and forward_torch_softmax;
+# the same test in vTrain's copy, VIA-Research/vTrain src/model/fused_softmax.py @f8dda847): fp16/bf16 input,
+# 16 < sk <= 4096, sq % 4 == 0, sk % 4 == 0 and b x heads-per-rank % 4 == 0, and for the causal kernel also
+# b x heads-per-rank a multiple of batches_per_block (get_batch_per_block in megatron/fused_kernels/
+# scaled_masked_softmax.h: 128 threads / min(32, 2^ceil(log2 sk)) warps x (2 rows per warp if 2^ceil(log2 sk)
+# <= 128, else 1)). Older Megatron-LM copies cap sk at 2048; the @f4157bea bound is used.
+FUSED_SOFTMAX_THREADS = 128
+WARP = 32
+
+
+def _batches_per_block(sk: int) -> int:
+    """get_batch_per_block of Megatron's scaled_masked_softmax.h: rows one 128-thread block handles."""
+    power = 1 << max(sk - 1, 0).bit_length()
+    warp = min(power, WARP)
+    return (FUSED_SOFTMAX_THREADS // warp) * (2 if power <= 128 else 1)
+
+
+def megatron_fused_softmax(batch: int, heads: int, sq: int, sk: int, e: int, causal: bool) -> bool:
+    """FusedScaleMaskSoftmax.is_kernel_available (constants above): whether Megatron runs its fused kernel for
+    attention scores [batch, heads (per rank), sq, sk] of e-byte elements."""
+    rows = batch * heads
+    if e != 2 or not 16 < sk <= 4096 or sq % 4 or sk % 4 or rows % 4:
+        return False
+    return (rows if causal else sq) % _batches_per_block(sk) == 0
+
+
+def megatron_torch_softmax(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    """forward_torch_softmax, Megatron's fallback (fused_softmax.py @f4157bea), with the scale its GPT layers
+    always pass (apply_query_key_layer_scaling is on by default, which turns softmax_in_fp32 on): the fp16/bf16
+    scores are cast to fp32, multiplied by the scale, masked in place (attention_mask_func's masked_fill_), put
+    through torch's softmax and cast back; fp32 scores skip the casts. Autograd runs one kernel per step
+    backward (the casts' copies, softmax_backward_data, masked_fill of the gradient, the scalar multiply). n =
+    scores elements: forward bytes (e+4) + 8 + 8 + 8 + (4+e) per element, backward (e+4) + 12 + 8 + 8 + (4+e)
+    (the mask, one byte per sq x sk broadcast over batch and heads, left out); each step is one ATen operator."""
+    s, _, h, _, _, skv = _attention_dims(layer)
+    n = batch * h * s * skv
+    casts = 2 if e < FP32 else 0
+    cast_bytes = casts * (e + FP32) * n
+    steps = Kernel("softmax_torch_steps", "memory", Cost(
+        fwd_flops=n, bwd_data_flops=n, fwd_bytes=cast_bytes + 2 * 2 * FP32 * n,
+        bwd_bytes=cast_bytes + 2 * 2 * FP32 * n, depth=1, bwd_depth=1),
+        launches=2 + casts, bwd_launches=2 + casts)
+    softmax = Kernel("softmax", "transcendental", Cost(
+        fwd_flops=5 * n, bwd_data_flops=4 * n, fwd_bytes=2 * FP32 * n, bwd_bytes=3 * FP32 * n,
+        depth=2 * clog2(skv), bwd_depth=clog2(skv)), bwd_launches=1)
+    return steps, softmax
+
+
+def softmax_for_rank(layer: Layer, kernels: list[Kernel], batch: Any, e: int, tp: Any) -> list[Kernel]:
+    """An unfused attention layer's kernels with `softmax: megatron` at micro-batch `batch` on tp ranks: the
+    fused softmax kernel swapped for Megatron's PyTorch fallback where is_kernel_available refuses it (2 heads
+    per rank at micro-batch 1, e.g.). Unchanged for other layers and implementations, and where batch or tp
+    is not a number (a closed form in B keeps the fused kernel)."""
+    if layer.op != "attention" or layer["flash"] or layer["softmax"] != "megatron":
+        return kernels
+    if not (_whole(batch) and _whole(tp)):
+        return kernels
+    s, _, h, _, _, skv = _attention_dims(layer)
+    if not (_whole(s) and _whole(skv) and _whole(h)) or int(h) % int(tp):
+        return kernels
+    if megatron_fused_softmax(int(batch), int(h) // int(tp), int(s), int(skv), e, bool(layer["causal"])):
+        return kernels
+    out: list[Kernel] = []
+    for kernel in kernels:
+        out.extend(megatron_torch_softmax(layer, batch, e) if kernel.name == "softmax" else (kernel,))
+    return out
+
+
+def _whole(value: Any) -> bool:
+    """A concrete whole number (an int, an integral float, a sympy Integer), not a symbol."""
+    try:
+        return float(value) == int(value)
+    except TypeError:
+        return False
+
+
 CAUSAL_SPEEDUP = 1.75  # "around 1.7-1.8x" faster with the causal mask (Dao 2023, section 3.1.1): the midpoint
 # FlashAttention in Triton (Tri Dao's flash_attn_triton.py on Phil Tillet's Triton kernel) against FlashAttention-2,
 # measured on an A100 80GB SXM4 over seqlen 512-16k, head dim 64/128, with and without the causal mask:
@@ -292,6 +371,8 @@ def _attention_check(shape: tuple, a: dict) -> None:
     if a["flash_version"] not in (2, 3):
         raise ShapeError("flash_version", expected="2 (FlashAttention-2) or 3 (FlashAttention-3)",
                          found=a["flash_version"])
+    if a["softmax"] not in SOFTMAX_IMPLS:
+        raise ShapeError("softmax", expected=" or ".join(SOFTMAX_IMPLS), found=a["softmax"])
 
 
 def _attention_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
@@ -302,7 +383,7 @@ def _attention_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
 ATTENTION = OpRule(
     attrs={"heads": REQUIRED, "head_dim": None, "kv_heads": None, "causal": False, "bias": True,
            "flash": False, "kv_seq": None, "out": None, "dropout": 0.0, "qkv_bias": False, "flash_version": 2,
-           "triton": False},
+           "triton": False, "softmax": "fused"},
     shape=lambda s, a: (*s[:-1], a["out"]),
     params=_attention_params,
     kernels=_attention_kernels,

@@ -15,7 +15,7 @@ from dlperf import builtins
 from dlperf.errors import DlperfError, ShapeError, SpecError
 from dlperf.ops import MERGE_OPS, OPS
 from dlperf.ops.base import REQUIRED, Layer
-from dlperf.ops.dense import LOSS_IMPLS
+from dlperf.ops.dense import LOSS_IMPLS, SOFTMAX_IMPLS
 from dlperf.spec import expr
 from dlperf.spec.hardware import DTYPES
 from dlperf.spec.yamlio import check_keys, closest, line_of, load_yaml_file
@@ -23,7 +23,8 @@ from dlperf.spec.yamlio import check_keys, closest, line_of, load_yaml_file
 TOP_KEYS = ("name", "description", "source", "input", "dtype", "params", "base", "blocks", "layers")
 FLOAT_ATTRS = ("p", "eps", "dropout")
 FACTOR_ATTRS = ("capacity_factor",)  # a number >= 1 (null: off)
-CHOICE_ATTRS = {"algorithm": ("auto", "direct", "im2col", "winograd", "fft"), "impl": LOSS_IMPLS}
+CHOICE_ATTRS = {"algorithm": ("auto", "direct", "im2col", "winograd", "fft"), "impl": LOSS_IMPLS,
+                "softmax": SOFTMAX_IMPLS}
 MAX_REPEAT = 10**6
 # Work budgets checked while building (issue #15). The largest built-in model has 966 layer instances, 198
 # pipeline units and builds ~400 layer entries; 16 blocks each calling the previous one 10 times would build
