@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -527,7 +528,7 @@ def evaluate(rows: Sequence[Row], universe: Sequence[Row] | None = None) -> list
                 value *= cache[row.id][1]
             if row.unit == "tokens_per_s_per_device":
                 value /= row.plan.devices
-        notes = [] if pred.fits else ["predicted memory exceeds the device"]
+        notes = [] if pred.fits else [UNFIT_NOTE]
         results.append(Result(row, value, notes))
     return results
 
@@ -693,6 +694,26 @@ def pending_rows(pending: Sequence[Pending]) -> list[dict[str, Any]]:
         "id": p.id, "source": p.source, "model": p.model, "hardware": p.hardware, "unit": p.unit,
         "measured": p.value, "waits_for": ",".join(p.waits_for), "evidence": p.evidence,
     } for p in pending]
+
+
+UNFIT_NOTE = "predicted memory exceeds the device"
+
+
+def predicted_unfit(results: Sequence[Result]) -> list[Result]:
+    """Rows whose published plan ran but whose predicted memory exceeds the device: the memory model over-counts
+    there (a search would have refused the plan), whatever the time error says."""
+    return [r for r in results if UNFIT_NOTE in r.notes]
+
+
+def unfit_line(results: Sequence[Result]) -> str:
+    """One line saying how many published plans dlperf predicts not to fit, by source ('' when none)."""
+    unfit = predicted_unfit(results)
+    if not unfit:
+        return ""
+    by_source = Counter(r.row.source for r in unfit)
+    parts = ", ".join(f"{source} {n}" for source, n in by_source.most_common())
+    return (f"memory: {len(unfit)} published plans (they ran) are predicted NOT to fit in device memory ({parts}): "
+            f"the memory model over-counts there")
 
 
 def unscorable(results: Sequence[Result]) -> list[Result]:

@@ -46,9 +46,11 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
         parity_plot,
         pending_rows,
         plan_groups,
+        predicted_unfit,
         result_rows,
         select,
         summary,
+        unfit_line,
         unscorable,
     )
 
@@ -67,7 +69,8 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
     rho, layout_rho = median_spearman(results), median_spearman(results, layout_only=True)
     if fmt == "json":
         click.echo(to_json({"rows": per_row, "summary": stats, "groups": groups, "median_spearman": rho,
-                            "median_spearman_layout": layout_rho, "pending": pending_rows(waiting)}))
+                            "median_spearman_layout": layout_rho, "pending": pending_rows(waiting),
+                            "predicted_unfit": [r.row.id for r in predicted_unfit(results)]}))
     elif fmt == "csv":
         click.echo(render(per_row, "csv", ROW_COLUMNS), nl=False)
     else:
@@ -78,6 +81,8 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
                                   rho, [g for g in groups if g["spearman"] is not None]))
         click.echo(_spearman_line("  only groups at one precision (parallel layout, micro-batch, recomputation vary)",
                                   layout_rho, [g for g in groups if g["spearman"] is not None and is_layout_group(g)]))
+        if unfit_line(results):
+            click.echo(unfit_line(results))
         if waiting:
             click.echo()
             _echo_pending(waiting, fmt)
