@@ -81,8 +81,9 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
                                   rho, [g for g in groups if g["spearman"] is not None]))
         click.echo(_spearman_line("  only groups at one precision (parallel layout, micro-batch, recomputation vary)",
                                   layout_rho, [g for g in groups if g["spearman"] is not None and is_layout_group(g)]))
-        if unfit_line(results):
-            click.echo(unfit_line(results))
+        unfit = unfit_line(results)
+        if unfit:
+            click.echo(unfit)
         if waiting:
             click.echo()
             _echo_pending(waiting, fmt)
