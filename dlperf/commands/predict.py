@@ -145,11 +145,11 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
         moe_imbalance=opts.get("moe_imbalance"), ep_overlap=opts.get("ep_overlap", False),
         zero_impl=opts.get("zero_impl") or "fsdp",
-        recompute_modules=tuple(m.strip() for m in (opts.get("recompute_modules") or "").split(",") if m.strip()),
+        recompute_modules=_names(opts.get("recompute_modules")),
         fp8_activations=opts.get("fp8_activations", False), ep_dispatcher=opts.get("ep_dispatcher") or "alltoall",
         memory_format=opts.get("memory_format") or "nhwc",
         data_backend=opts.get("data_backend") or "synthetic", loader_workers=opts.get("loader_workers") or 0,
-        input_ops=tuple(m.strip() for m in (opts.get("input_ops") or "").split(",") if m.strip()),
+        input_ops=_names(opts.get("input_ops")),
     )
     if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
         from dlperf.engine.defaults import default_plan
@@ -166,6 +166,11 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
                      f"micro-batches per step")
         _check_interleaving(base)
     return base, notes
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    """A comma-separated CLI list (--recompute-modules, --input-ops) as a tuple of its non-empty names."""
+    return tuple(name.strip() for name in (text or "").split(",") if name.strip())
 
 
 def _check_interleaving(plan: Any) -> None:
