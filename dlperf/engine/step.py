@@ -413,7 +413,7 @@ class StepModel:
     def _straggling(self, plan: Plan, stage: StageCost) -> StageCost:
         """The stage's kernels at the pace of the slowest of the plan's devices (dlperf.engine.straggler: every
         device synchronises every step), the collectives as they are."""
-        slower = straggler_factor(self.hw.device.speed_spread, plan.devices) - 1.0
+        slower = self._slower(plan)
         if slower == 0:
             return stage
         return replace(stage, forward=stage.forward * (1 + slower), backward=stage.backward * (1 + slower),
@@ -422,8 +422,11 @@ class StepModel:
     def _straggler_time(self, plan: Plan, stage: StageCost, share: Any) -> Any:
         """Seconds per micro-batch by which `_straggling` lengthens the stage's kernels: the breakdown's
         compute/straggler beside the median device's compute/forward, backward and recompute."""
-        slower = straggler_factor(self.hw.device.speed_spread, plan.devices) - 1.0
-        return slower * (stage.forward + stage.backward + share * stage.recompute_kernels)
+        return self._slower(plan) * (stage.forward + stage.backward + share * stage.recompute_kernels)
+
+    def _slower(self, plan: Plan) -> float:
+        """How much longer the slowest of the plan's devices takes than the median one (0 without a spread)."""
+        return straggler_factor(self.hw.device.speed_spread, plan.devices) - 1.0
 
     def _tp_comm(self, tp: int) -> Any:
         """`_tp_comm_fn` for this tp, over `self.comm`, which memoises the collectives' times (`_PricedComm`)."""
