@@ -418,3 +418,40 @@ def test_no_gemm_beats_the_sustained_mamf(name: str) -> None:
         r_inf = device.eff("matmul", dtype).peak * device.peak(dtype)
         rounding = 5e-4 * device.peak(dtype)  # `peak` is written to 3 decimals
         assert r_inf <= _mamf(accelerator, dtype) + rounding, (name, dtype, r_inf / 1e12)
+
+
+def _cudnn_gb200_row(seq: int, mask: str = "no_mask") -> dict[str, str]:
+    import csv
+
+    import dlperf
+
+    path = Path(dlperf.__file__).parent / "data" / "kernels" / "cudnn-gb200-sdpa-bf16.csv"
+    rows = csv.DictReader(line for line in path.read_text().splitlines() if not line.startswith("#"))
+    return next(r for r in rows if r["attn_mask"] == mask and int(r["seq"]) == seq)
+
+
+@pytest.mark.parametrize("name", ["gb200-nvl72", "dgx-b200"])
+def test_blackwell_fused_attention_is_cudnns_measured_pass_average(name: str) -> None:
+    """Blackwell's fused-attention curve is cuDNN's measured rate on GB200 at 8k (forward and backward averaged
+    over a training pass, backward = 2.5x the forward FLOPs), as a fraction of peak; B200 carries GB200's
+    fraction over. Recomputed from the table, so the hardware files cannot drift from it."""
+    row = _cudnn_gb200_row(8192)
+    fwd, bwd = float(row["fwd_tflops"]) * 1e12, float(row["bwd_tflops"]) * 1e12
+    rate = 3.5 / (1 / fwd + 2.5 / bwd)  # forward FLOPs 1 + backward 2.5, each at its measured rate
+    seconds = (float(row["fwd_time_ms"]) + float(row["bwd_time_ms"])) * 1e-3
+    assert 3.5 * 4 * 64 * 8192 ** 2 * 128 / seconds == pytest.approx(rate, rel=2e-3)  # the times agree (4*hq*s^2*d)
+    fraction = rate / load_hardware("gb200-nvl72").device.peak("bf16")
+    device = load_hardware(name).device
+    assert device.eff("attention_fa3", "bf16").peak == pytest.approx(fraction, abs=5e-4)
+    assert device.eff("attention_fa3", "bf16").peak < device.eff("matmul", "bf16").peak  # attention is not GEMM-bound
+
+
+def test_cudnn_attention_table_is_faster_per_flop_on_longer_sequences() -> None:
+    """The measured table is monotone where physics says so: a longer sequence amortizes each tile's prologue, so
+    the pass-averaged rate never falls as the sequence grows (with or without the causal mask)."""
+    for mask in ("no_mask", "top_left"):
+        rates = []
+        for seq in (2048, 4096, 8192, 16384, 32768):
+            row = _cudnn_gb200_row(seq, mask)
+            rates.append(3.5 / (1 / float(row["fwd_tflops"]) + 2.5 / float(row["bwd_tflops"])))
+        assert rates == sorted(rates), (mask, rates)
