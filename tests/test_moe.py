@@ -570,3 +570,19 @@ def test_fp8_recipe_leaves_the_router_in_its_own_precision():
     converted = {k.name: k for k in fp8_kernels(list(moe_kernels(layer, 1, 2)), 2)}
     assert converted["router"].cls == "matmul" and "router_fp8_cast" not in converted
     assert converted["expert_down"].cls == FP8_GEMM and "expert_down_fp8_cast" in converted
+
+
+def test_mla_core_is_a_causal_fused_attention_kernel():
+    """MLA's core runs as every causal fused-attention kernel does (ops/dense.py _flash_kernel): on the device's
+    fused-attention curve, executing the score work over CAUSAL_SPEEDUP plus the QK^T its backward recomputes,
+    while its model FLOPs stay the whole s x s matrix's (MFU's convention)."""
+    from dlperf.ops.dense import CAUSAL_SPEEDUP
+
+    mla = next(layer for layer, _ in load_model("deepseek-v3", {"seq": 4096}).counted() if layer.op == "mla")
+    core = next(k for k in OPS["mla"].kernels(mla, 1, 2) if k.name == "flash_attention")
+    scores = mla["heads"] * 4096 ** 2
+    qd, vd = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"], mla["v_head_dim"]
+    assert core.cls == "attention_fa3"
+    assert core.cost.fwd_flops * core.model_work_scale == pytest.approx(2 * scores * (qd + vd) + 5 * scores)
+    assert core.model_work_scale == CAUSAL_SPEEDUP
+    assert core.bwd_recompute_flops * CAUSAL_SPEEDUP == pytest.approx(2 * scores * qd)

@@ -21,7 +21,7 @@ from typing import Any
 from dlperf.cost import Cost
 from dlperf.errors import ShapeError
 from dlperf.ops.base import REQUIRED, Kernel, Layer, OpRule, clog2, elementwise_kernel, need_rank, numel
-from dlperf.ops.dense import gemm
+from dlperf.ops.dense import CAUSAL_SPEEDUP, gemm
 
 ROUTER_DTYPE = "fp32"
 ROUTER_BYTES = 4
@@ -283,16 +283,25 @@ def _mla_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
         queries = [gemm("q_proj", t, d, h * qd, e, tp_dim="n")]
     keys = [replace(gemm("kv_down", t, d, kvl + rope, e), split=False), _latent_norm("kv_norm", t * kvl, e),
             gemm("kv_up", t, kvl, h * (layer["qk_nope_head_dim"] + vd), e, tp_dim="n")]
+    core = _mla_core(batch, s, h, qd, vd, e)
+    return (*queries, *keys, core, gemm("out_proj", t, h * vd, layer["out"], e, tp_dim="k"))
+
+
+def _mla_core(batch: Any, s: Any, h: Any, qd: int, vd: int, e: int) -> Kernel:
+    """The fused core, as DeepSeek and Megatron-Core train MLA (Transformer Engine's cuDNN fused attention takes
+    d_qk 192 with d_vo 128, cuDNN's support matrix): QK^T over qd, softmax, AV over vd; backward twice each GEMM
+    plus the QK^T it recomputes, as FlashAttention's (ops/dense.py _flash_kernel). Traffic: Q, K, V, O forward;
+    Q, K, V read and their gradients written. The causal mask skips the blocks above the diagonal
+    (CAUSAL_SPEEDUP, as for every causal fused kernel) while the model FLOPs stay the whole matrix's, and the
+    kernel runs on the device's fused-attention curve, not the GEMM's."""
     scores = batch * h * s * s
-    # the fused core (FlashAttention-style, as DeepSeek and Megatron-Core train MLA): QK^T over qd, softmax, AV
-    # over vd; backward twice each GEMM. Traffic: Q, K, V, O forward; Q, K, V read and their gradients written.
-    q_bytes, v_bytes = e * t * h * qd, e * t * h * vd
-    core = Cost(fwd_flops=2 * scores * qd + 2 * scores * vd + 5 * scores,
-                bwd_data_flops=4 * scores * qd + 4 * scores * vd + 4 * scores,
+    q_bytes, v_bytes = e * batch * s * h * qd, e * batch * s * h * vd
+    core = Cost(fwd_flops=(2 * scores * qd + 2 * scores * vd + 5 * scores) / CAUSAL_SPEEDUP,
+                bwd_data_flops=(4 * scores * qd + 4 * scores * vd + 4 * scores) / CAUSAL_SPEEDUP,
                 fwd_bytes=2 * q_bytes + 2 * v_bytes, bwd_bytes=3 * (2 * q_bytes + v_bytes),
                 depth=clog2(qd) + 2 * clog2(s) + clog2(s), bwd_depth=clog2(s) + clog2(qd))
-    return (*queries, *keys, Kernel("flash_attention", "matmul", core),
-            gemm("out_proj", t, h * vd, layer["out"], e, tp_dim="k"))
+    return Kernel("flash_attention", "attention_fa3", core, bwd_recompute_flops=2 * scores * qd / CAUSAL_SPEEDUP,
+                  model_work_scale=CAUSAL_SPEEDUP)
 
 
 def _mla_params(shape: tuple, a: dict) -> Any:
