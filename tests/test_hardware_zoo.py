@@ -20,7 +20,7 @@ from dlperf.spec.hardware import load_hardware
 from dlperf.spec.yamlio import load_yaml_file
 
 EXPECTED = {"dgx1-v100", "dgx2-v100", "dgx-a100", "a100-40gb", "a100-800g", "dgx-h100", "hgx-h200", "p100-roce",
-            "p40-pcie", "cpu-local", "dgx-b200", "gb200-nvl72", "h800", "mi300x", "jean-zay-a100"}
+            "p40-pcie", "cpu-local", "dgx-b200", "gb200-nvl72", "dgx-gb300", "h800", "mi300x", "jean-zay-a100"}
 GiB = 2.0**30
 
 
@@ -395,6 +395,7 @@ MAMF_ROWS = {
     "hgx-h200": {"bf16": "NVIDIA H100 SXM", "fp8": "NVIDIA H200 SXM"},
     "dgx-b200": {"bf16": "NVIDIA B200 SXM", "fp8": "NVIDIA B200 SXM"},
     "gb200-nvl72": {"bf16": "NVIDIA GB200 SXM", "fp8": "NVIDIA GB200 SXM"},
+    "dgx-gb300": {"bf16": "NVIDIA GB200 SXM", "fp8": "NVIDIA GB200 SXM"},  # GB300 has GB200's peaks; no MAMF row
 }
 
 
@@ -420,27 +421,28 @@ def test_no_gemm_beats_the_sustained_mamf(name: str) -> None:
         assert r_inf <= _mamf(accelerator, dtype) + rounding, (name, dtype, r_inf / 1e12)
 
 
-def _cudnn_gb200_row(seq: int, mask: str = "no_mask") -> dict[str, str]:
+def _cudnn_row(seq: int, mask: str = "no_mask", gpu: str = "gb200") -> dict[str, str]:
     import csv
 
     import dlperf
 
-    path = Path(dlperf.__file__).parent / "data" / "kernels" / "cudnn-gb200-sdpa-bf16.csv"
+    path = Path(dlperf.__file__).parent / "data" / "kernels" / f"cudnn-{gpu}-sdpa-bf16.csv"
     rows = csv.DictReader(line for line in path.read_text().splitlines() if not line.startswith("#"))
     return next(r for r in rows if r["attn_mask"] == mask and int(r["seq"]) == seq)
 
 
-@pytest.mark.parametrize("name", ["gb200-nvl72", "dgx-b200"])
-def test_blackwell_fused_attention_is_cudnns_measured_pass_average(name: str) -> None:
-    """Blackwell's fused-attention curve is cuDNN's measured rate on GB200 at 8k (forward and backward averaged
-    over a training pass, backward = 2.5x the forward FLOPs), as a fraction of peak; B200 carries GB200's
-    fraction over. Recomputed from the table, so the hardware files cannot drift from it."""
-    row = _cudnn_gb200_row(8192)
+@pytest.mark.parametrize("name, measured_on", [("gb200-nvl72", "gb200"), ("dgx-b200", "gb200"),
+                                               ("dgx-gb300", "gb300")])
+def test_blackwell_fused_attention_is_cudnns_measured_pass_average(name: str, measured_on: str) -> None:
+    """Blackwell's fused-attention curve is cuDNN's measured rate at 8k (forward and backward averaged over a
+    training pass, backward = 2.5x the forward FLOPs), as a fraction of peak: GB200's and GB300's own tables;
+    B200 carries GB200's fraction over. Recomputed from the tables, so the hardware files cannot drift."""
+    row = _cudnn_row(8192, gpu=measured_on)
     fwd, bwd = float(row["fwd_tflops"]) * 1e12, float(row["bwd_tflops"]) * 1e12
     rate = 3.5 / (1 / fwd + 2.5 / bwd)  # forward FLOPs 1 + backward 2.5, each at its measured rate
     seconds = (float(row["fwd_time_ms"]) + float(row["bwd_time_ms"])) * 1e-3
     assert 3.5 * 4 * 64 * 8192 ** 2 * 128 / seconds == pytest.approx(rate, rel=2e-3)  # the times agree (4*hq*s^2*d)
-    fraction = rate / load_hardware("gb200-nvl72").device.peak("bf16")
+    fraction = rate / load_hardware({"gb200": "gb200-nvl72", "gb300": "dgx-gb300"}[measured_on]).device.peak("bf16")
     device = load_hardware(name).device
     assert device.eff("attention_fa3", "bf16").peak == pytest.approx(fraction, abs=5e-4)
     assert device.eff("attention_fa3", "bf16").peak < device.eff("matmul", "bf16").peak  # attention is not GEMM-bound
@@ -452,6 +454,6 @@ def test_cudnn_attention_table_is_faster_per_flop_on_longer_sequences() -> None:
     for mask in ("no_mask", "top_left"):
         rates = []
         for seq in (2048, 4096, 8192, 16384, 32768):
-            row = _cudnn_gb200_row(seq, mask)
+            row = _cudnn_row(seq, mask)
             rates.append(3.5 / (1 / float(row["fwd_tflops"]) + 2.5 / float(row["bwd_tflops"])))
         assert rates == sorted(rates), (mask, rates)
