@@ -216,9 +216,11 @@ def extract_deepbench_titanxp(repo: Path) -> None:
 # --- Azure AI-benchmarking-guide ------------------------------------------------------------------------
 
 AZURE = {
-    "a100": ("ND_A100_v4_results.md", "fp16"),
-    "h100": ("ND_H100_v5_results.md", "fp8"),
-    "h200": ("ND_H200_v5_results.md", "fp8"),
+    "a100": ("ND_A100_v4_results.md", "fp16", AZURE_COMMIT),
+    "h100": ("ND_H100_v5_results.md", "fp8", AZURE_COMMIT),
+    "h200": ("ND_H200_v5_results.md", "fp8", AZURE_COMMIT),
+    # published after AZURE_COMMIT; it has no HBM bandwidth table
+    "gb200": ("ND_GB200_v6_results.md", "fp8", "2a370be6de9586d365feed77e014a73f25198f4d"),
 }
 
 
@@ -238,22 +240,24 @@ def _md_rows(text: str, after: str) -> list[list[str]]:
 
 
 def extract_azure(repo: Path) -> None:
-    for gpu, (name, dtype) in AZURE.items():
+    for gpu, (name, dtype, commit) in AZURE.items():
         path = f"Azure_Results/{name}"
-        text = git_show(repo, AZURE_COMMIT, path).decode()
+        text = git_show(repo, commit, path).decode()
         system = dict(re.findall(r"^\|\s*(GPU|CUDA|PyTorch|NVIDIA Driver)\s*\|\s*([^|]+?)\s*\|", text, re.M))
         header = [
             f"Azure AI-benchmarking-guide cuBLASLt GEMM, {dtype.upper()}, random init, 10,000 warm-up iterations",
-            f"source: Azure/AI-benchmarking-guide {path} @ {AZURE_COMMIT}",
+            f"source: Azure/AI-benchmarking-guide {path} @ {commit}",
             f"GPU: {system.get('GPU')}; CUDA {system.get('CUDA')}, driver {system.get('NVIDIA Driver')}, "
             f"PyTorch {system.get('PyTorch')}",
         ]
         rows = [r[:4] for r in _md_rows(text, "### GEMM CuBLASLt")]
         write_csv(f"azure-{gpu}-{dtype}.csv", header, ["m", "n", "k", "tflops"], rows)
+        if "### HBM Bandwidth" not in text:
+            continue
         bw = _md_rows(text, "### HBM Bandwidth")
         write_csv(f"azure-{gpu}-babelstream.csv",
                   [f"Azure AI-benchmarking-guide HBM bandwidth (BabelStream kernels), {system.get('GPU')}",
-                   f"source: Azure/AI-benchmarking-guide {path} @ {AZURE_COMMIT}"],
+                   f"source: Azure/AI-benchmarking-guide {path} @ {commit}"],
                   ["kernel", "tb_per_s"], [[r[0], r[1]] for r in bw])
 
 

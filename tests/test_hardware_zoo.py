@@ -457,3 +457,29 @@ def test_cudnn_attention_table_is_faster_per_flop_on_longer_sequences() -> None:
             row = _cudnn_row(seq, mask)
             rates.append(3.5 / (1 / float(row["fwd_tflops"]) + 2.5 / float(row["bwd_tflops"])))
         assert rates == sorted(rates), (mask, rates)
+
+
+def test_gb200_fp8_curve_is_the_fit_to_azures_sustained_table_capped_at_mamf() -> None:
+    """GB200's FP8 GEMM curve is fitted as H100's and H200's are (plain Hockney + roofline on Azure's cuBLASLt
+    table, 10,000 warm-up iterations) and capped at the FP8 MAMF row; refitted here from the CSV, so the hardware
+    file cannot drift from it. Startup: the fitted t0 less the engine's 5 us launch latency, floored at 0."""
+    import importlib.util
+    import sys
+
+    import numpy as np
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("fit_kernel_curves", root / "benchmarks" / "fit_kernel_curves.py")
+    fit = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = fit
+    spec.loader.exec_module(fit)
+    device = load_hardware("gb200-nvl72").device
+    points = fit.load(fit.Curve("GB200", "gb200-nvl72", "fp8", "matmul", ("azure-gb200-fp8.csv",)))
+    memory = np.array([fit.gemm_bytes(p, "fp8") for p in points]) / (device.memory_bandwidth * fit.MEMORY_EFFICIENCY)
+    result = fit.fit_roofline(np.array([p.flops for p in points]), memory, np.array([p.seconds for p in points]),
+                              device.peak("fp8"))
+    curve = device.eff("matmul", "fp8")
+    assert curve.peak == pytest.approx(min(result.rate, _mamf("NVIDIA GB200 SXM", "fp8")) / device.peak("fp8"),
+                                       abs=5e-4)
+    assert curve.startup == pytest.approx(max(result.t0 - device.launch_latency, 0.0), abs=1e-7)
+    assert result.median_rel < 0.06
