@@ -96,3 +96,18 @@ def test_bad_input_is_one_line_exit_2(args, message):
     proc = subprocess.run([sys.executable, "-m", "dlperf", *args], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_show_hardware_lists_the_rates_kernels_are_priced_at(run):
+    """`show HARDWARE` prints each curve's sustained rate and says when a kernel class borrows another's curve
+    (no measurement of its own), so a user sees what a file assumes."""
+    code, out, _ = run("show", "dgx-b200")
+    assert code == 0
+    lines = {line.split("  ")[0]: line for line in out.splitlines()}
+    assert "0.593 of peak)" in lines["fused attention bf16 (cuDNN / FA3 class)"]  # cuDNN's measured GB200 fraction
+    assert "the GEMM curve's: none measured" in lines["FlashAttention-2 bf16"]
+    assert "0.763 of peak)" in lines["GEMM rate fp8"]  # B200's own FP8 MAMF row
+    code, out, _ = run("show", "dgx-h100")
+    lines = {line.split("  ")[0]: line for line in out.splitlines()}
+    assert "none measured" not in lines["FlashAttention-2 bf16"] and "0.339 of peak)" in lines["FlashAttention-2 bf16"]
+    assert "335.3 TFLOP/s" in lines["FlashAttention-2 bf16"]

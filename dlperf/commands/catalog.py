@@ -65,6 +65,36 @@ def _looks_like_hardware(name: str) -> bool:
     return isinstance(data, dict) and ("device" in data or "extends" in data)
 
 
+def _efficiency_rows(device) -> list[dict[str, str]]:  # noqa: ANN001 - Device, imported lazily
+    """The sustained rates the engine prices kernels at (each curve's asymptote, before per-kernel startup and
+    tile quantization), so a user sees what a hardware file assumes, and where a class has no measured curve of
+    its own and borrows another's."""
+    def rate(cls: str, dtype: str) -> str:
+        eff = device.eff(cls, dtype)
+        if f"{cls}/{dtype}" in device.efficiency or (cls in device.efficiency and cls != "matmul"):
+            note = ""
+        elif cls == "matmul":  # the class curve is measured in 16-bit; other dtypes borrow it unless they have one
+            note = "" if dtype in ("bf16", "fp16") else ", the 16-bit curve's: none measured"
+        elif cls == "attention_fa3" and "attention" in device.efficiency:
+            note = ", the FlashAttention-2 curve's: none measured"
+        else:
+            note = ", the GEMM curve's: none measured"
+        if eff.source == "dlperf default":
+            note = ", dlperf's default: none measured"
+        return f"{format_quantity(eff.peak * device.peak(dtype), 'flop_rate')} ({eff.peak:.3f} of peak{note})"
+
+    rows = [{"item": f"GEMM rate {dt}", "value": rate("matmul", dt)} for dt in device.peak_flops]
+    if "bf16" in device.peak_flops:
+        rows += [{"item": "fused attention bf16 (cuDNN / FA3 class)", "value": rate("attention_fa3", "bf16")},
+                 {"item": "FlashAttention-2 bf16", "value": rate("attention", "bf16")}]
+    memory = device.eff("memory")
+    measured = "" if memory.source != "dlperf default" else ", dlperf's default: none measured"
+    rows.append({"item": "element-wise memory rate",
+                 "value": f"{format_quantity(memory.peak * device.memory_bandwidth, 'bandwidth')} "
+                          f"({memory.peak:.3f} of peak{measured})"})
+    return rows
+
+
 def _hardware_text(hw, fmt: str) -> str:  # noqa: ANN001 - Hardware, imported lazily
     device = hw.device
     rows = [{"item": f"peak {dt}", "value": format_quantity(v, "flop_rate")} for dt, v in device.peak_flops.items()]
@@ -76,6 +106,7 @@ def _hardware_text(hw, fmt: str) -> str:  # noqa: ANN001 - Hardware, imported la
                                                   f"{format_quantity(device.dispatch_backward, 'time')} backward "
                                                   f"on {device.host_label}"},
     ]
+    rows += _efficiency_rows(device)
     for level in hw.network:
         size = f"{level.size} devices" if level.size else "cluster"
         rows.append({"item": f"network {level.name} ({size})",
