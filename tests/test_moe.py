@@ -586,3 +586,11 @@ def test_mla_core_is_a_causal_fused_attention_kernel():
     assert core.cost.fwd_flops * core.model_work_scale == pytest.approx(2 * scores * (qd + vd) + 5 * scores)
     assert core.model_work_scale == CAUSAL_SPEEDUP
     assert core.bwd_recompute_flops * CAUSAL_SPEEDUP == pytest.approx(2 * scores * qd)
+
+
+def test_mla_core_without_the_causal_mask_runs_the_whole_matrix():
+    from dlperf.ops.moe import _mla_core
+
+    causal, full = _mla_core(1, 4096, 128, 192, 128, 2), _mla_core(1, 4096, 128, 192, 128, 2, causal=False)
+    assert full.model_work_scale == 1 and full.cost.fwd_flops == pytest.approx(causal.cost.fwd_flops * 1.75)
+    assert full.cost.fwd_flops * full.model_work_scale == pytest.approx(causal.cost.fwd_flops * causal.model_work_scale)

@@ -138,7 +138,8 @@ def layer_table(model: Model, dtype: str, survey: bool = False) -> tuple[list[di
     e = element_bytes(dtype)
     rows, total = [], {"params": 0, "act": 0, "flops": 0}
     for layer, count in model.layers():
-        flops = sum(k.cost.fwd_flops for k in OPS[layer.op].kernels(layer, 1, e))
+        # model FLOPs: a causal fused kernel skips the masked half but counts the whole matrix (MFU's convention)
+        flops = sum(k.cost.fwd_flops * k.model_work_scale for k in OPS[layer.op].kernels(layer, 1, e))
         act = e * numel(layer.out_shape)
         rows.append({"name": layer.name, "op": layer.op, "output": layer.out_shape, "count": count,
                      "params": layer.params, "activation_bytes": act, "forward_flops": flops})
