@@ -105,7 +105,7 @@ def test_show_hardware_lists_the_rates_kernels_are_priced_at(run):
     assert code == 0
     lines = {line.split("  ")[0]: line for line in out.splitlines()}
     assert "0.593 of peak)" in lines["fused attention bf16 (cuDNN / FA3 class)"]  # cuDNN's measured GB200 fraction
-    assert "the GEMM curve's: none measured" in lines["FlashAttention-2 bf16"]
+    assert "the fused-attention curve's, an upper bound: none measured" in lines["FlashAttention-2 bf16"]
     assert "0.763 of peak)" in lines["GEMM rate fp8"]  # B200's own FP8 MAMF row
     code, out, _ = run("show", "dgx-h100")
     lines = {line.split("  ")[0]: line for line in out.splitlines()}

@@ -77,6 +77,8 @@ def _efficiency_rows(device) -> list[dict[str, str]]:  # noqa: ANN001 - Device, 
             note = "" if dtype in ("bf16", "fp16") else ", the 16-bit curve's: none measured"
         elif cls == "attention_fa3" and "attention" in device.efficiency:
             note = ", the FlashAttention-2 curve's: none measured"
+        elif cls == "attention" and "attention_fa3" in device.efficiency:
+            note = ", the fused-attention curve's, an upper bound: none measured"
         else:
             note = ", the GEMM curve's: none measured"
         if eff.source == "dlperf default":

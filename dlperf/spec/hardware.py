@@ -223,6 +223,10 @@ class Device:
             return self.efficiency[kernel_class]
         if kernel_class == "attention_fa3":  # FlashAttention-3 class kernels, else the FlashAttention-2 curve
             return self.eff("attention", dtype)
+        if kernel_class == "attention" and "attention_fa3" in self.efficiency:
+            # FlashAttention-2 unmeasured where the newer fused kernel (cuDNN, FA3) is: that curve bounds it from
+            # above (FA2 runs below FA3 on H100: Shah et al. 2024, section 4.1), the GEMM's would not
+            return self.efficiency["attention_fa3"]
         if kernel_class in ("conv", "attention"):  # no measured curve of its own: the GEMM's
             return self.eff("matmul", dtype)
         if kernel_class == "matmul_fp8":  # an FP8 recipe's GEMM: the matmul curve measured in fp8 (dtypes.fp8)
