@@ -242,7 +242,11 @@ def _md_rows(text: str, after: str) -> list[list[str]]:
 def extract_azure(repo: Path) -> None:
     for gpu, (name, dtype, commit) in AZURE.items():
         path = f"Azure_Results/{name}"
-        text = git_show(repo, commit, path).decode()
+        try:
+            text = git_show(repo, commit, path).decode()
+        except subprocess.CalledProcessError:  # a mirror older than the file's commit: say so, extract the rest
+            print(f"skipped azure-{gpu}-{dtype}.csv: {path} is not at {commit} in {repo} (fetch a newer mirror)")
+            continue
         system = dict(re.findall(r"^\|\s*(GPU|CUDA|PyTorch|NVIDIA Driver)\s*\|\s*([^|]+?)\s*\|", text, re.M))
         header = [
             f"Azure AI-benchmarking-guide cuBLASLt GEMM, {dtype.upper()}, random init, 10,000 warm-up iterations",
