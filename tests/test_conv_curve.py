@@ -99,3 +99,14 @@ def test_algorithm_choice_bad_input_is_one_clear_error(cls: str, value: object, 
     with pytest.raises(SpecError) as info:
         hardware_from_dict(data, "bad.yaml")
     assert expected in str(info.value) and "algorithm_choice" in str(info.value)
+
+
+@pytest.mark.parametrize("cls,value,expected", [("attention_fa3", "long", "a number of tokens"),
+                                                ("attention_fa3", -5, "a number of tokens"),
+                                                ("matmul", 500, "only on an attention")])
+def test_seq_half_bad_input_is_one_clear_error(cls: str, value: object, expected: str) -> None:
+    data = load_yaml_file(data_dir("hardware") / "gb200-nvl72.yaml")
+    data["device"]["efficiency"][cls] = {"peak": 0.5, "seq_half": value, "source": "test"}
+    with pytest.raises(SpecError) as info:
+        hardware_from_dict(data, "bad.yaml")
+    assert expected in str(info.value) and "seq_half" in str(info.value)

@@ -594,3 +594,22 @@ def test_mla_core_without_the_causal_mask_runs_the_whole_matrix():
     causal, full = _mla_core(1, 4096, 128, 192, 128, 2), _mla_core(1, 4096, 128, 192, 128, 2, causal=False)
     assert full.model_work_scale == 1 and full.cost.fwd_flops == pytest.approx(causal.cost.fwd_flops * 1.75)
     assert full.cost.fwd_flops * full.model_work_scale == pytest.approx(causal.cost.fwd_flops * causal.model_work_scale)
+
+
+def test_fused_attention_time_carries_the_curves_sequence_term():
+    """On a curve with a sequence term (Blackwell's cuDNN fits), a fused attention kernel over s keys runs at
+    peak * s / (s + seq_half): its compute stretch is (s + seq_half) / s, larger for a shorter key loop, and 1 on
+    a curve without the term (H100's)."""
+    from dlperf.engine.device import compute_stretch
+
+    mla = next(layer for layer, _ in load_model("deepseek-v3", {"seq": 4096}).counted() if layer.op == "mla")
+    core = next(k for k in OPS["mla"].kernels(mla, 1, 2) if k.name == "flash_attention")
+    blackwell, hopper = load_hardware("gb200-nvl72").device, load_hardware("dgx-h100").device
+    half = blackwell.eff("attention_fa3", "bf16").seq_half
+    assert half > 0 and hopper.eff("attention_fa3", "bf16").seq_half == 0
+    assert compute_stretch(core, blackwell, "bf16", 1, None) == pytest.approx(((4096 + half) / 4096,) * 2)
+    assert compute_stretch(core, hopper, "bf16", 1, None) == (1.0, 1.0)
+    longer = next(k for k in OPS["mla"].kernels(next(
+        layer for layer, _ in load_model("deepseek-v3", {"seq": 8192}).counted() if layer.op == "mla"), 1, 2)
+        if k.name == "flash_attention")
+    assert compute_stretch(longer, blackwell, "bf16", 1, None)[0] < compute_stretch(core, blackwell, "bf16", 1, None)[0]

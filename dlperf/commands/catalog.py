@@ -83,7 +83,8 @@ def _efficiency_rows(device) -> list[dict[str, str]]:  # noqa: ANN001 - Device, 
             note = ", the GEMM curve's: none measured"
         if eff.source == "dlperf default":
             note = ", dlperf's default: none measured"
-        return f"{format_quantity(eff.peak * device.peak(dtype), 'flop_rate')} ({eff.peak:.3f} of peak{note})"
+        length = f" x s / (s + {eff.seq_half:g}) over s keys" if eff.seq_half else ""
+        return f"{format_quantity(eff.peak * device.peak(dtype), 'flop_rate')}{length} ({eff.peak:.3f} of peak{note})"
 
     rows = [{"item": f"GEMM rate {dt}", "value": rate("matmul", dt)} for dt in device.peak_flops]
     if "bf16" in device.peak_flops:

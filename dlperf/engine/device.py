@@ -121,9 +121,17 @@ def gemm_quantization(kernel: Kernel, device: Device, dtype: str, divisor: Any, 
 
 def compute_stretch(kernel: Kernel, device: Device, dtype: str, divisor: Any, tp_dim: str | None) -> tuple[Any, Any]:
     """(forward, backward) factors (>= 1) on a kernel's compute time: its GEMM tile and wave quantization times
-    the implementation's own `slowdown` against its class's curve."""
+    the implementation's own `slowdown` against its class's curve, times a fused attention kernel's sequence
+    term (s + seq_half) / s (Efficiency.seq_half: a short key loop amortizes each query block's fixed cost less)."""
     q_fwd, q_bwd = gemm_quantization(kernel, device, dtype, divisor, tp_dim)
-    return q_fwd * kernel.slowdown[0], q_bwd * kernel.slowdown[1]
+    seq = sequence_stretch(kernel, device, dtype)
+    return q_fwd * kernel.slowdown[0] * seq, q_bwd * kernel.slowdown[1] * seq
+
+
+def sequence_stretch(kernel: Kernel, device: Device, dtype: str) -> Any:
+    """(s + seq_half) / s for a fused attention kernel over s keys on a curve with a sequence term, else 1."""
+    half = compute_efficiency(device, kernel.cls, dtype).seq_half if kernel.seq is not None else 0.0
+    return (kernel.seq + half) / kernel.seq if half else 1.0
 
 
 def kernel_times(kernel: Kernel, device: Device, dtype: str, divisor: Any = 1,

@@ -77,6 +77,7 @@ class Kernel:
     expert: bool = False
     framework_ops: Any = None
     slowdown: tuple[float, float] = (1.0, 1.0)
+    seq: Any = None  # a fused attention kernel: the key length its query blocks loop over (curve's seq_half)
 
     @property
     def backward_launches(self) -> Any:

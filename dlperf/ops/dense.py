@@ -330,7 +330,8 @@ def _flash_kernel(layer: Layer, core: Cost, qkv_bytes: Any, out_bytes: Any, reco
                  depth=core.depth, bwd_depth=core.bwd_depth)
     cls = "attention_fa3" if layer["flash_version"] == 3 and not layer["triton"] else "attention"
     return Kernel("flash_attention", cls, fused, bwd_recompute_flops=recompute / skip, model_work_scale=skip,
-                  slowdown=TRITON_SLOWDOWN if layer["triton"] else (1.0, 1.0))
+                  slowdown=TRITON_SLOWDOWN if layer["triton"] else (1.0, 1.0),
+                  seq=layer["kv_seq"] or layer.in_shape[-2])
 
 
 def _attention_params(s: tuple, a: dict) -> Any:

@@ -305,7 +305,7 @@ def _mla_core(batch: Any, s: Any, h: Any, qd: int, vd: int, e: int, causal: bool
                 fwd_bytes=2 * q_bytes + 2 * v_bytes, bwd_bytes=3 * (2 * q_bytes + v_bytes),
                 depth=clog2(qd) + 2 * clog2(s) + clog2(s), bwd_depth=clog2(s) + clog2(qd))
     return Kernel("flash_attention", "attention_fa3", core, bwd_recompute_flops=2 * scores * qd / skip,
-                  model_work_scale=skip)
+                  model_work_scale=skip, seq=s)
 
 
 def _mla_params(shape: tuple, a: dict) -> Any:

@@ -161,6 +161,10 @@ class Efficiency:
     # plus writing its output; dlperf's estimate, scored against the kernel tables by fit_kernel_curves.py.
     tile: tuple[int, int] | None = None
     tile_overhead_k: int = 128
+    # fused-attention curves only: Hockney's n_1/2 in tokens of the sequence each query block loops over, so a
+    # kernel over s keys runs at peak * s / (s + seq_half) (each block's prologue and epilogue against a loop that
+    # grows with s; fitted to a per-length table such as dlperf/data/kernels/cudnn-*-sdpa-*.csv). 0: no term.
+    seq_half: float = 0.0
     # conv curves only: fitted per direct-convolution FLOP (2*N*K*P*Q*C*R*S) to timings of whatever algorithm the
     # library chose (DeepBench's cuDNN tables: implicit GEMM, Winograd, FFT), so the curve already holds cuDNN's
     # choice; `auto` then prices the direct form on it instead of re-deriving Winograd/FFT savings on top.
@@ -300,7 +304,7 @@ MAX_HOST_SPEED = 100.0  # single-thread speed over the reference CPU; more is a 
 MIN_HOST_SPEED = 1 / MAX_HOST_SPEED  # and less: 1e-300 priced a launch at 1e295 s, 5e-324 at infinity (NaN steps)
 _LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "link",
                "nvls_bandwidth", "source")
-_EFF_KEYS = ("peak", "half", "startup", "source", "tile", "tile_overhead_k", "algorithm_choice", "dtypes")
+_EFF_KEYS = ("peak", "half", "startup", "source", "tile", "tile_overhead_k", "algorithm_choice", "seq_half", "dtypes")
 
 
 def _quantity(node: dict, key: str, kind: str, file: str, where: str) -> float:
@@ -381,7 +385,20 @@ def _curve(curve: Any, cls: str, file: str, here: str) -> Efficiency:
     tile = _tile(curve, file, here) if "tile" in curve else None
     overhead = _positive_int(curve, "tile_overhead_k", file, here) if "tile_overhead_k" in curve else 128
     choice = _algorithm_choice(curve, cls, file, here) if "algorithm_choice" in curve else False
-    return Efficiency(peak, half, str(curve.get("source", "")), startup, tile, overhead, choice)
+    seq_half = _seq_half(curve, cls, file, here) if "seq_half" in curve else 0.0
+    return Efficiency(peak, half, str(curve.get("source", "")), startup, tile, overhead, seq_half=seq_half,
+                      algorithm_choice=choice)
+
+
+def _seq_half(curve: dict, cls: str, file: str, here: str) -> float:
+    value, where = curve["seq_half"], field_name(here, "seq_half")
+    if cls not in ("attention", "attention_fa3"):
+        raise SpecError(expected="seq_half only on an attention or attention_fa3 curve", found=f"on {cls}",
+                        file=file, line=line_of(curve, "seq_half"), field=where)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1e6:
+        raise SpecError(expected="a number of tokens, 0 to 1e6", found=value, file=file,
+                        line=line_of(curve, "seq_half"), field=where)
+    return float(value)
 
 
 def _algorithm_choice(curve: dict, cls: str, file: str, here: str) -> bool:
