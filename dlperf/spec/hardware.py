@@ -15,8 +15,8 @@ outermost level has no size (it spans the whole cluster). Optional level keys: `
 class, derived when absent, see link_kind) and `nvls_bandwidth` (measured NVLink SHARP all-reduce busbw).
 
 Optional device keys: `launch_latency`, `efficiency` (per kernel class: peak, half or startup, source; a conv
-curve fitted per direct FLOP to a library's chosen algorithms may say `algorithm_choice: true`), and what the
-runtime keeps for itself, so that "fits" means it fits:
+curve fitted per direct FLOP to a library's chosen algorithms may say `algorithm_choice: true`; an attention curve
+may give `seq_half`, its n_1/2 in keys), and what the runtime keeps for itself, so that "fits" means it fits:
 
     memory_reserved: 1 GiB        # fixed per device: CUDA context, communication buffers (default below)
     memory_fragmentation: 0.05    # fraction of the allocated bytes lost to the caching allocator's fragmentation
