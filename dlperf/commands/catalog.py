@@ -65,36 +65,40 @@ def _looks_like_hardware(name: str) -> bool:
     return isinstance(data, dict) and ("device" in data or "extends" in data)
 
 
+# What a class borrows when `Device.curve_key` resolves it to another curve (or to dlperf's default).
+_BORROWED = {"matmul": "the 16-bit curve's", "attention": "the FlashAttention-2 curve's",
+             "attention_fa3": "the fused-attention curve's, an upper bound"}
+
+
+def _borrowed(device, cls: str, dtype: str | None) -> str:  # noqa: ANN001 - Device, imported lazily
+    """', ... none measured' when the class has no measured curve of its own for this dtype, else ''."""
+    key = device.curve_key(cls, dtype)
+    if key not in device.efficiency:
+        return ", dlperf's default: none measured"
+    own = (cls, f"{cls}/{dtype}") if cls != "matmul" or dtype in ("bf16", "fp16") else (f"{cls}/{dtype}",)
+    if key in own:  # the class curve is measured in 16-bit; other GEMM dtypes borrow it unless they have one
+        return ""
+    return ", " + _BORROWED.get(key, "the GEMM curve's") + ": none measured"
+
+
 def _efficiency_rows(device) -> list[dict[str, str]]:  # noqa: ANN001 - Device, imported lazily
     """The sustained rates the engine prices kernels at (each curve's asymptote, before per-kernel startup and
     tile quantization), so a user sees what a hardware file assumes, and where a class has no measured curve of
     its own and borrows another's."""
     def rate(cls: str, dtype: str) -> str:
         eff = device.eff(cls, dtype)
-        if f"{cls}/{dtype}" in device.efficiency or (cls in device.efficiency and cls != "matmul"):
-            note = ""
-        elif cls == "matmul":  # the class curve is measured in 16-bit; other dtypes borrow it unless they have one
-            note = "" if dtype in ("bf16", "fp16") else ", the 16-bit curve's: none measured"
-        elif cls == "attention_fa3" and "attention" in device.efficiency:
-            note = ", the FlashAttention-2 curve's: none measured"
-        elif cls == "attention" and "attention_fa3" in device.efficiency:
-            note = ", the fused-attention curve's, an upper bound: none measured"
-        else:
-            note = ", the GEMM curve's: none measured"
-        if eff.source == "dlperf default":
-            note = ", dlperf's default: none measured"
         length = f" x s / (s + {eff.seq_half:g}) over s keys" if eff.seq_half else ""
-        return f"{format_quantity(eff.peak * device.peak(dtype), 'flop_rate')}{length} ({eff.peak:.3f} of peak{note})"
+        return (f"{format_quantity(eff.peak * device.peak(dtype), 'flop_rate')}{length} "
+                f"({eff.peak:.3f} of peak{_borrowed(device, cls, dtype)})")
 
     rows = [{"item": f"GEMM rate {dt}", "value": rate("matmul", dt)} for dt in device.peak_flops]
     if "bf16" in device.peak_flops:
         rows += [{"item": "fused attention bf16 (cuDNN / FA3 class)", "value": rate("attention_fa3", "bf16")},
                  {"item": "FlashAttention-2 bf16", "value": rate("attention", "bf16")}]
     memory = device.eff("memory")
-    measured = "" if memory.source != "dlperf default" else ", dlperf's default: none measured"
     rows.append({"item": "element-wise memory rate",
                  "value": f"{format_quantity(memory.peak * device.memory_bandwidth, 'bandwidth')} "
-                          f"({memory.peak:.3f} of peak{measured})"})
+                          f"({memory.peak:.3f} of peak{_borrowed(device, 'memory', None)})"})
     return rows
 
 

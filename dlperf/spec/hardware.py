@@ -219,26 +219,34 @@ class Device:
     def eff(self, kernel_class: str, dtype: str | None = None) -> Efficiency:
         """The curve of a kernel class; a dtype whose kernels run on other units (fp32 on CUDA cores, tf32, fp8)
         may have its own curve (`efficiency.matmul.dtypes.fp32`), else the class's curve stands in."""
+        key = self.curve_key(kernel_class, dtype)
+        if key in self.efficiency:
+            return self.efficiency[key]
+        peak, half, startup = DEFAULT_EFFICIENCY[key]
+        return Efficiency(peak, half, "dlperf default", startup)
+
+    def curve_key(self, kernel_class: str, dtype: str | None = None) -> str:
+        """Which curve `eff` prices the class at: a key of `efficiency` ("matmul", "matmul/fp8", ...), or, where
+        the chain of stand-ins ends without a measured curve, the class whose DEFAULT_EFFICIENCY applies."""
         if dtype is not None and self.dtype_curves:
             for key in (f"{kernel_class}/{dtype}", f"matmul/{dtype}" if kernel_class == "conv" else ""):
                 if key in self.dtype_curves:  # a conv in a dtype with its own units runs at their GEMM rate
-                    return self.efficiency[key]
+                    return key
         if kernel_class in self.efficiency:
-            return self.efficiency[kernel_class]
+            return kernel_class
         if kernel_class == "attention_fa3":  # FlashAttention-3 class kernels, else the FlashAttention-2 curve
-            return self.eff("attention", dtype)
+            return self.curve_key("attention", dtype)
         if kernel_class == "attention" and "attention_fa3" in self.efficiency:
             # FlashAttention-2 unmeasured where the newer fused kernel (cuDNN, FA3) is: that curve bounds it from
             # above (FA2 runs below FA3 on H100: Shah et al. 2024, section 4.1), the GEMM's would not
-            return self.efficiency["attention_fa3"]
+            return "attention_fa3"
         if kernel_class in ("conv", "attention"):  # no measured curve of its own: the GEMM's
-            return self.eff("matmul", dtype)
+            return self.curve_key("matmul", dtype)
         if kernel_class == "matmul_fp8":  # an FP8 recipe's GEMM: the matmul curve measured in fp8 (dtypes.fp8)
-            return self.eff("matmul", "fp8")
+            return self.curve_key("matmul", "fp8")
         if kernel_class == "transcendental":  # exp/tanh-bound element-wise kernels, when not measured apart
-            return self.eff("memory")
-        peak, half, startup = DEFAULT_EFFICIENCY[kernel_class]
-        return Efficiency(peak, half, "dlperf default", startup)
+            return self.curve_key("memory")
+        return kernel_class
 
 
 @dataclass(frozen=True)
