@@ -296,7 +296,7 @@ def _mla_core(batch: Any, s: Any, h: Any, qd: int, vd: int, e: int, causal: bool
     kernel runs on the device's fused-attention curve, not the GEMM's: NVIDIA's cudnn-frontend SDPA benchmark
     on GB200 (results/gb200_919_only_cudnn/dsv3_20260226_174854.csv @afa9f7c0, cuDNN 9.19.1) times DeepSeek-V3's
     causal shape (128 heads, d_qk 192, d_vo 128) within 1-5% of Llama 3.1's causal rows over a training pass at
-    4k-16k (the curve itself is the no-mask 8k rate, the skip CAUSAL_SPEEDUP's, so 4k runs price ~10% fast)."""
+    4k-16k. `seq` carries the key length to the curve's sequence term, as for the dense flash kernel."""
     skip = CAUSAL_SPEEDUP if causal else 1
     scores = batch * h * s * s
     q_bytes, v_bytes = e * batch * s * h * qd, e * batch * s * h * vd
