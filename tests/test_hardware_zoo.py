@@ -442,11 +442,15 @@ def _fit_seq_curve(gpu: str) -> tuple[float, float]:
     import numpy as np
 
     rows = [_cudnn_row(s, gpu=gpu) for s in (2048, 4096, 8192, 16384, 32768)]
-    seqs, rates = np.array([float(r["seq"]) for r in rows]), np.log([_pass_rate(r) for r in rows])
-    best = min((float(((np.log(s_r := seqs / (seqs + h)) + np.mean(rates - np.log(s_r)) - rates) ** 2).sum()), h)
-               for h in np.arange(0.0, 4000.0))
-    h = best[1]
-    return float(np.exp(np.mean(rates - np.log(seqs / (seqs + h))))), h
+    seqs, log_rates = np.array([float(r["seq"]) for r in rows]), np.log([_pass_rate(r) for r in rows])
+
+    def fit(seq_half: float) -> tuple[float, float]:  # (squared log error, log r_inf) at this seq_half
+        log_shape = np.log(seqs / (seqs + seq_half))
+        log_r_inf = float(np.mean(log_rates - log_shape))
+        return float(((log_r_inf + log_shape - log_rates) ** 2).sum()), log_r_inf
+
+    seq_half = min(np.arange(0.0, 4000.0), key=lambda h: fit(h)[0])
+    return float(np.exp(fit(seq_half)[1])), float(seq_half)
 
 
 @pytest.mark.parametrize("name, measured_on", [("gb200-nvl72", "gb200"), ("dgx-b200", "gb200"),

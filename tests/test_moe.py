@@ -572,14 +572,19 @@ def test_fp8_recipe_leaves_the_router_in_its_own_precision():
     assert converted["expert_down"].cls == FP8_GEMM and "expert_down_fp8_cast" in converted
 
 
+def _deepseek_attention(seq: int):
+    """DeepSeek-V3's first MLA layer at `seq` and its fused core kernel."""
+    mla = next(layer for layer, _ in load_model("deepseek-v3", {"seq": seq}).counted() if layer.op == "mla")
+    return mla, next(k for k in OPS["mla"].kernels(mla, 1, 2) if k.name == "flash_attention")
+
+
 def test_mla_core_is_a_causal_fused_attention_kernel():
     """MLA's core runs as every causal fused-attention kernel does (ops/dense.py _flash_kernel): on the device's
     fused-attention curve, executing the score work over CAUSAL_SPEEDUP plus the QK^T its backward recomputes,
     while its model FLOPs stay the whole s x s matrix's (MFU's convention)."""
     from dlperf.ops.dense import CAUSAL_SPEEDUP
 
-    mla = next(layer for layer, _ in load_model("deepseek-v3", {"seq": 4096}).counted() if layer.op == "mla")
-    core = next(k for k in OPS["mla"].kernels(mla, 1, 2) if k.name == "flash_attention")
+    mla, core = _deepseek_attention(4096)
     scores = mla["heads"] * 4096 ** 2
     qd, vd = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"], mla["v_head_dim"]
     assert core.cls == "attention_fa3"
@@ -602,14 +607,11 @@ def test_fused_attention_time_carries_the_curves_sequence_term():
     a curve without the term (H100's)."""
     from dlperf.engine.device import compute_stretch
 
-    mla = next(layer for layer, _ in load_model("deepseek-v3", {"seq": 4096}).counted() if layer.op == "mla")
-    core = next(k for k in OPS["mla"].kernels(mla, 1, 2) if k.name == "flash_attention")
+    _, core = _deepseek_attention(4096)
     blackwell, hopper = load_hardware("gb200-nvl72").device, load_hardware("dgx-h100").device
     half = blackwell.eff("attention_fa3", "bf16").seq_half
     assert half > 0 and hopper.eff("attention_fa3", "bf16").seq_half == 0
     assert compute_stretch(core, blackwell, "bf16", 1, None) == pytest.approx(((4096 + half) / 4096,) * 2)
     assert compute_stretch(core, hopper, "bf16", 1, None) == (1.0, 1.0)
-    longer = next(k for k in OPS["mla"].kernels(next(
-        layer for layer, _ in load_model("deepseek-v3", {"seq": 8192}).counted() if layer.op == "mla"), 1, 2)
-        if k.name == "flash_attention")
+    _, longer = _deepseek_attention(8192)
     assert compute_stretch(longer, blackwell, "bf16", 1, None)[0] < compute_stretch(core, blackwell, "bf16", 1, None)[0]
