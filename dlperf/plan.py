@@ -11,7 +11,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "dualpipe")
 RECOMPUTE = ("none", "selective", "full", "except_last")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 CONSISTENCY = ("sync", "ssp", "async")
-DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+# Compute dtypes; fp8 and mxfp8 name FP8 training recipes (dlperf.ops.fp8), gradients never travel in mxfp8.
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8")
+GRAD_DTYPES = DTYPES[:-1]
 CP_ALGORITHMS = ("ring", "ulysses")
 # Parts of a layer whose outputs are not kept for backward but recomputed there (Megatron-Core's
 # --recompute-modules names; DeepSeek-V3, arXiv:2412.19437, Sec. 3.2.3 and 3.3.3): "layernorm", every
@@ -161,7 +163,7 @@ def _check_knobs(plan: Plan) -> None:
         raise PlanError("parameter_server", expected=f"at most one server per device (<= {plan.devices})",
                         found=plan.parameter_server)
     if plan.grad_dtype is not None:
-        _choice("grad_dtype", plan.grad_dtype, DTYPES)
+        _choice("grad_dtype", plan.grad_dtype, GRAD_DTYPES)
     _choice("cp_algorithm", plan.cp_algorithm, CP_ALGORITHMS)
     _choice("zero_impl", plan.zero_impl, ZERO_IMPLS)
     _choice("memory_format", plan.memory_format, MEMORY_FORMATS)

@@ -3,6 +3,8 @@ the invariants they must keep (FP8 never slower on GEMM-bound H100 layers, overl
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -135,6 +137,48 @@ def test_fp8_never_slower_than_bf16_on_gemm_bound_h100_layers(tokens: int, width
     assert fp8 < bf16
 
 
+def test_mxfp8_operands_carry_one_scale_byte_per_32_elements() -> None:
+    """MXFP8's quantize writes a row-wise and a column-wise FP8 copy, each with an E8M0 scale per 32 values: the
+    per-tensor recipe's traffic plus 2/32 byte per element; the GEMM's FLOPs and rate class are the same."""
+    x = gemm("gemm", 4096, 2048, 8192, 2)
+    (cast, main), (mx_cast, mx_main) = fp8_kernels([x], 2), fp8_kernels([x], 2, "mxfp8")
+    assert mx_main.cls == main.cls == FP8_GEMM and mx_main.cost.work == main.cost.work
+    assert kernel_dtype(mx_main, "mxfp8") == "mxfp8" and kernel_dtype(mx_cast, "mxfp8") == "bf16"
+    assert mx_cast.cost.fwd_bytes - cast.cost.fwd_bytes == pytest.approx(2 / 32 * 4096 * 2048)
+    assert mx_cast.cost.bwd_bytes - cast.cost.bwd_bytes == pytest.approx(2 / 32 * 4096 * 8192)
+    # forward reads X and W in FP8: each element one byte and 1/32 of a scale byte
+    assert mx_main.cost.fwd_bytes - main.cost.fwd_bytes == pytest.approx((4096 * 2048 + 2048 * 8192) / 32)
+
+
+def test_mxfp8_takes_the_fp8_curve_until_one_is_measured() -> None:
+    from dlperf.spec.hardware import Efficiency
+
+    b200 = load_hardware("dgx-b200").device
+    assert b200.peak("mxfp8") == b200.peak("fp8")
+    assert b200.curve_key(FP8_GEMM, "mxfp8") == b200.curve_key(FP8_GEMM, "fp8") == "matmul/fp8"
+    own = Efficiency(0.5, 0.0, "test", 0.0)
+    measured = dataclasses.replace(b200, efficiency={**b200.efficiency, "matmul/mxfp8": own})
+    assert measured.curve_key(FP8_GEMM, "mxfp8") == "matmul/mxfp8" and measured.eff(FP8_GEMM, "mxfp8") is own
+
+
+def test_mxfp8_step_on_b200_sits_between_fp8_and_bf16() -> None:
+    """Same FP8 rate, more bytes (the scales): never faster than per-tensor FP8, and faster than bf16 on a
+    GEMM-bound model; its cached weight copies carry their scales (2 x 33/32 bytes per parameter)."""
+    hw, model = load_hardware("dgx-b200"), load_model("llama3-8b", {"layers": 2, "seq": 4096})
+    plan = Plan(devices=1, global_batch=4, micro_batch=2)
+    bf16, fp8, mx = (predict(model, hw, plan.with_(dtype=d)) for d in ("bf16", "fp8", "mxfp8"))
+    assert fp8.step_time_s < mx.step_time_s < bf16.step_time_s
+    assert mx.memory["fp8_weights"] == pytest.approx(fp8.memory["fp8_weights"] * 33 / 32)
+
+
+def test_mxfp8_is_refused_where_there_are_no_block_scaled_tensor_cores(run) -> None:  # noqa: ANN001 - fixture
+    code, out, err = run("predict", "llama3-8b", "dgx-h100", "--gpus", "8", "--dtype", "mxfp8")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "no peak_flops for mxfp8" in err and "Blackwell" in err
+    code, _, err = run("predict", "llama3-8b", "dgx-b200", "--gpus", "8", "--grad-dtype", "mxfp8")
+    assert code == 2 and "mxfp8" in err and len(err.strip().splitlines()) == 1
+
+
 def test_fp8_llama_step_is_faster_and_holds_fp8_weight_copies() -> None:
     hw, model = load_hardware("dgx-h100"), load_model("llama3-8b", SMALL_LLAMA)
     plan = Plan(devices=1, global_batch=2, micro_batch=1)
@@ -217,11 +261,11 @@ def test_cli_flags_reach_the_plan(run) -> None:  # noqa: ANN001 - the conftest f
     assert code == 2 and "sequence-parallel" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
-def test_closed_form_prices_flash_and_fp8_as_the_engine(dtype: str) -> None:
+@pytest.mark.parametrize(("dtype", "hardware"), [("bf16", "dgx-h100"), ("fp8", "dgx-h100"), ("mxfp8", "dgx-b200")])
+def test_closed_form_prices_flash_and_fp8_as_the_engine(dtype: str, hardware: str) -> None:
     from dlperf.engine.symbolic import F32, LAM, B, F, M, step_time_expr
 
-    model, hw = load_model("llama3-8b", {"layers": 2, "seq": 1024}), load_hardware("dgx-h100")
+    model, hw = load_model("llama3-8b", {"layers": 2, "seq": 1024}), load_hardware(hardware)
     values = {B: 2, F: hw.device.peak(dtype), F32: hw.device.peak("fp32"), M: hw.device.memory_bandwidth,
               LAM: hw.device.launch_latency}
     breakdown = predict(model, hw, Plan(global_batch=2, dtype=dtype)).breakdown_s

@@ -149,6 +149,8 @@ def test_new_sources_carry_the_published_figures():
     bloom = rows["bloom-prequel-02-25-h14336-l72-a64-dp16-tp2-pp12-mb2-gbs2048"]
     assert (bloom.value, bloom.plan.devices, bloom.sets["layers"]) == (112.50, 384, 72)
     pending = {p.id: p for p in load_pending()}
+    mx = pending["mbridge-2511-llama3-8b-b200-mxfp8"]
+    assert (mx.value, set(mx.waits_for), mx.plan["dtype"]) == (29521, {"recipe"}, "mxfp8")
     # torchtitan docs/performance.md Table 2: FSDP 2 x CP 4 at seq 131072 on 8 H100s, 1,071 TPS/GPU.
     cp = pending["torchtitan-t2-8b-fsdp2-cp4"]
     assert (cp.value, cp.plan["cp"], cp.sets["seq"]) == (1071, 4, 131072)
@@ -215,7 +217,7 @@ def test_megatron_bridge_blackwell_and_moe_rows_carry_the_published_figures():
                               schedule="interleaved", virtual_stages=4, zero=1, sequence_parallel=True,
                               tp_overlap=True, fp8_param_gather=True, dtype="fp8")
     # 25.11, System: DGX-B200, LLAMA3_8B | 8 | FP8-CS (FP8-MX) | 128 | 2 | 8192 | 0 | 1 | 1 | 1 | n/a | 1 | 8 |
-    # 30624 (29521): the FP8-CS figure is scored, the parenthesised MXFP8 one waits
+    # 30624 (29521): the FP8-CS figure is scored; the parenthesised MXFP8 one waits for its recipe settings
     b200 = rows["mbridge-2511-llama3-8b-b200-fp8cs"]
     assert (b200.value, b200.plan.micro, b200.plan.dp, b200.plan.dtype) == (30624, 2, 8, "fp8")
     # 25.09, System: DGX-B200, Qwen3_235B_a22B (tokendrop) | 64 | 1024 | 1 | 4096 | 0 | 1 | 8 | 1 | 2 | 8 | 128 |
@@ -229,8 +231,6 @@ def test_megatron_bridge_blackwell_and_moe_rows_carry_the_published_figures():
     assert (dsv3.value, dsv3.plan.pp, dsv3.plan.virtual_stages, dsv3.plan.ep) == (3454, 4, 4, 64)
     assert dsv3.plan.recompute_modules == ("mla_up_proj", "moe_act")
     pending = {p.id: p for p in load_pending()}
-    mx = pending["mbridge-2511-llama3-8b-b200-mxfp8"]
-    assert (mx.value, set(mx.waits_for)) == (29521, {"mxfp8"})
     # the parenthesised 25.09 layout is the MX run's own: PP 8, VP 2, GA 64 -> 2835
     assert pending["mbridge-2509-deepseek-v3-gb200-mxfp8-tokendrop"].plan["pp"] == 8
     assert pending["mbridge-2509-deepseek-v3-gb200-mxfp8-tokendrop"].value == 2835

@@ -6,6 +6,7 @@ import click
 
 from dlperf import builtins
 from dlperf.commands.common import format_option, parse_sets, set_option, shape_text
+from dlperf.plan import DTYPES
 from dlperf.report import render
 from dlperf.units import format_quantity
 
@@ -28,7 +29,7 @@ def list_cmd(fmt: str) -> None:
 @click.command("show")
 @click.argument("name")
 @set_option
-@click.option("--dtype", type=click.Choice(["fp32", "tf32", "fp16", "bf16", "fp8"]), default=None,
+@click.option("--dtype", type=click.Choice(DTYPES), default=None,
               help="Storage dtype for activation bytes (default: the model's).")
 @click.option("--survey", is_flag=True,
               help="Add the survey's asymptotic work and depth per layer (Tables 4 and 6) beside exact FLOPs.")
@@ -66,7 +67,8 @@ def _looks_like_hardware(name: str) -> bool:
 
 
 # What a class borrows when `Device.curve_key` resolves it to another curve (or to dlperf's default).
-_BORROWED = {"matmul": "the 16-bit curve's", "attention": "the FlashAttention-2 curve's",
+_BORROWED = {"matmul": "the 16-bit curve's", "matmul/fp8": "the per-tensor FP8 curve's",
+             "attention": "the FlashAttention-2 curve's",
              "attention_fa3": "the fused-attention curve's, an upper bound"}
 
 

@@ -17,9 +17,11 @@ from dlperf.commands.common import (
     set_option,
     wrote,
 )
+from dlperf.plan import DTYPES, GRAD_DTYPES
 from dlperf.report import render, to_json
 
-DTYPE_CHOICES = click.Choice(["fp32", "tf32", "fp16", "bf16", "fp8"])
+DTYPE_CHOICES = click.Choice(DTYPES)
+GRAD_DTYPE_CHOICES = click.Choice(GRAD_DTYPES)
 POSITIVE = Count(1, 2**20)     # degrees and device counts: at most dlperf.plan.MAX_DEVICES
 BATCH = Count(1, 2**40)        # samples: at most dlperf.plan.MAX_BATCH
 
@@ -109,7 +111,7 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam"]), default="adam",
                      show_default=True, help="Optimizer update rule."),
         click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's)."),
-        click.option("--grad-dtype", type=DTYPE_CHOICES, default=None,
+        click.option("--grad-dtype", type=GRAD_DTYPE_CHOICES, default=None,
                      help="Dtype gradients are reduced and kept in (default: the compute dtype's storage type; fp32 "
                           "= FSDP MixedPrecision reduce_dtype fp32, composer's 'DEFAULT'); parameters are still "
                           "gathered in the compute dtype."),

@@ -15,14 +15,14 @@ from typing import Any
 from dlperf import mathx
 from dlperf.engine.layers import element_bytes
 from dlperf.engine.stage import StageCost
-from dlperf.ops.fp8 import WEIGHT_COPY_BYTES
+from dlperf.ops.fp8 import RECIPES, is_recipe, weight_copy_bytes
 from dlperf.plan import Plan
 from dlperf.spec.hardware import Hardware
 from dlperf.spec.model import Model
 
 DDP_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP default bucket_cap_mb=25 (Li et al., VLDB 2020)
 DDP_BUFFER_BYTES = 2 * DDP_BUCKET_BYTES  # two gradient buckets in flight
-MIXED = ("fp16", "bf16", "fp8")
+MIXED = ("fp16", "bf16", *RECIPES)
 
 
 def optimizer_bytes(optimizer: str, dtype: str) -> int:
@@ -44,8 +44,8 @@ def model_state_bytes(params: Any, plan: Plan, dtype: str) -> dict[str, Any]:
         "gradients": params * grad / shard["grad"],
         "optimizer": params * optimizer_bytes(plan.optimizer, dtype) / shard["opt"],
     }
-    if dtype == "fp8":
-        states["fp8_weights"] = params * WEIGHT_COPY_BYTES / shard["weight"]
+    if is_recipe(dtype):
+        states["fp8_weights"] = params * weight_copy_bytes(dtype) / shard["weight"]
     return states
 
 

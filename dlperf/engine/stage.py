@@ -24,7 +24,7 @@ from dlperf.ops import OPS
 from dlperf.ops.base import Kernel
 from dlperf.ops.conv import TENSOR_CORE_DTYPES, algorithm_kernel, applicable, layout_transpose_kernel
 from dlperf.ops.dense import quadratic_attention_bytes, softmax_for_rank
-from dlperf.ops.fp8 import fp8_kernels, kernel_dtype, storage_dtype
+from dlperf.ops.fp8 import fp8_kernels, is_recipe, kernel_dtype, storage_dtype
 from dlperf.ops.fp8 import saved_bytes as fp8_saved_bytes
 from dlperf.ops.moe import moe_kernels
 from dlperf.ops.recompute import ActivationPolicy, freed_bytes, rerun_kernels, reruns
@@ -160,7 +160,7 @@ def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
     micro-batch and heads per rank (dlperf.ops.dense.softmax_for_rank; `fallback` False keeps the fused one)."""
     if use.layer.op == "moe" and ep > 1:
         kernels = list(moe_kernels(use.layer, batch, e, use.layer["experts"] // ep, dispatcher))
-        return fp8_kernels(kernels, e) if fp8 else kernels
+        return fp8_kernels(kernels, e, dtype) if fp8 else kernels
     kernels = list(OPS[use.layer.op].kernels(use.layer, batch, e))
     if fallback:
         kernels = softmax_for_rank(use.layer, kernels, batch, e, divisor)
@@ -168,7 +168,7 @@ def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
         kernels[0] = conv_choice(use, batch, e, hw, storage_dtype(dtype), divisor)[0]
         if nchw and dtype in TENSOR_CORE_DTYPES:  # NCHW tensors on tensor cores: cuDNN's layout transposes
             kernels.append(layout_transpose_kernel(use.layer, batch, e))
-    return fp8_kernels(kernels, e) if fp8 else kernels
+    return fp8_kernels(kernels, e, dtype) if fp8 else kernels
 
 
 def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp: int, sp: bool,
@@ -186,7 +186,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
     acts = acts or ActivationPolicy()
     for use in uses:
         divisor = tp if (use.sharded or sp) else 1
-        in_fp8 = dtype == "fp8" and use.layer in fp8
+        in_fp8 = is_recipe(dtype) and use.layer in fp8
         rerun = rerun_kernels(use.layer, acts.modules) if acts.modules else frozenset()
         gemm = {"fwd": 0.0, "bwd": 0.0}  # this layer's weight-GEMM seconds per pass: what overlap hides behind
         core = [0.0, 0.0]  # this layer's attention-core seconds, which a ring exchange overlaps
@@ -220,7 +220,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
                          hw.device)
         out.params = out.params + use.count * use.layer.params / (tp if use.sharded else 1)
         saved = OPS[use.layer.op].saved(use.layer, e)
-        saved = fp8_saved_bytes(use.layer, saved, e) if in_fp8 else saved
+        saved = fp8_saved_bytes(use.layer, saved, e, dtype) if in_fp8 else saved
         saved = saved * batch / divisor
         if recompute == "selective":
             saved = saved - quadratic_attention_bytes(use.layer, e) * batch / tp

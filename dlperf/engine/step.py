@@ -30,8 +30,7 @@ from dlperf.engine.straggler import straggler_factor
 from dlperf.engine.work import model_cost
 from dlperf.errors import PlanError
 from dlperf.ops.base import numel
-from dlperf.ops.fp8 import FP8 as FP8_BYTES
-from dlperf.ops.fp8 import WEIGHT_CAST_BYTES, fp8_layers
+from dlperf.ops.fp8 import OPERAND_BYTES, fp8_layers, is_recipe, weight_cast_bytes
 from dlperf.ops.recompute import ActivationPolicy, norm_consumers, rerun_kernels, reruns
 from dlperf.plan import Plan, dualpipe_micro_batches_ok, validate
 from dlperf.spec.hardware import DEFAULT_CHANNELS, Hardware
@@ -283,8 +282,8 @@ class StepModel:
                                                               int]:
         """The step for m micro-batches and v virtual stages (numbers or numpy arrays)."""
         dtype = plan.dtype or self.model.dtype
-        if plan.fp8_param_gather and dtype != "fp8":
-            raise PlanError("--fp8-param-gather needs FP8 training (--dtype fp8)", found=dtype)
+        if plan.fp8_param_gather and not is_recipe(dtype):
+            raise PlanError("--fp8-param-gather needs FP8 training (--dtype fp8 or mxfp8)", found=dtype)
         e = element_bytes(dtype)
         step, breakdown, memory, slow, dtype, staleness = self._combine(plan, dtype, e, self.stages(plan, dtype, e),
                                                                         m, v)
@@ -306,9 +305,8 @@ class StepModel:
         # (per model chunk with interleaving), at that stage's own pace; the slowest stage sets the steady state.
         bubble = (sum(passes[id(s)].fwd + passes[id(s)].bwd for s in stages) - (t.fwd + t.bwd)) / v
         dp_total, dp_exposed = self._dp_over_stages(plan, stages, slow, dtype, m)
-        fp8_params = params * self.fp8_share if dtype == "fp8" else 0
         optimizer = _optimizer_time_split(self.hw, plan, params, max(stages, key=lambda s: s.params).expert_params,
-                                          fp8_params)
+                                          self._fp8_cast_bytes(params, dtype))
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
         breakdown = {
@@ -365,8 +363,8 @@ class StepModel:
         (fwd_p, bwd_p, dev_fwd_p, dev_bwd_p), (fwd_a, bwd_a, dev_fwd_a, dev_bwd_a) = c.paired, c.alone
         dp_total, dp_exposed = self._dp_over_stages(twin, own, own[rank], dtype, m / 2, _twin_starts(plan))
         heaviest = max(devices, key=lambda d: d.params)
-        fp8_params = heaviest.params * self.fp8_share if dtype == "fp8" else 0
-        optimizer = _optimizer_time_split(self.hw, twin, heaviest.params, heaviest.expert_params, fp8_params)
+        optimizer = _optimizer_time_split(self.hw, twin, heaviest.params, heaviest.expert_params,
+                                          self._fp8_cast_bytes(heaviest.params, dtype))
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
         host = pairs * ((fwd_p - dev_fwd_p) + (bwd_p - dev_bwd_p)) + alone * ((fwd_a - dev_fwd_a) + (bwd_a - dev_bwd_a))
@@ -398,6 +396,10 @@ class StepModel:
         if key not in self._twins:
             self._twins[key] = ([stages[r] + stages[pp - 1 - r] for r in range(pp // 2)], stages)
         return self._twins[key][0]
+
+    def _fp8_cast_bytes(self, params: Any, dtype: str) -> Any:
+        """Bytes the per-step cast of `params` weights to their FP8 copies moves (0 outside an FP8 recipe)."""
+        return params * self.fp8_share * weight_cast_bytes(dtype) if is_recipe(dtype) else 0
 
     def _passes(self, plan: Plan, stage: StageCost, dtype: str, m: Any) -> Passes:
         """A stage's forward and backward pass per micro-batch (StageCost.passes) with what the plan adds: the
@@ -779,8 +781,8 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
                                              window, overlap, stolen)
     reduce = comm.collective_time("reduce_scatter", grad_bytes, group, hw)
     # FP8 parameter all-gather (Megatron-LM --fp8-param-gather; torchtitan/FSDP2 enable_fsdp_float8_all_gather):
-    # the sharded parameters travel as their FP8 casts, one byte each
-    gather = comm.collective_time("allgather", params * FP8_BYTES if plan.fp8_param_gather else weight_bytes,
+    # the sharded parameters travel as their FP8 casts, one byte each (MXFP8: with their block scales)
+    gather = comm.collective_time("allgather", params * OPERAND_BYTES[dtype] if plan.fp8_param_gather else weight_bytes,
                                   group, hw)
     if plan.zero == 1:
         return reduce + gather, hidden_behind(reduce, window, last_bucket) + gather, 0.0, 0.0
@@ -880,12 +882,12 @@ def _expert_group(plan: Plan) -> Plan:
     return plan.with_(dp=plan.expert_data_parallel, tp=plan.tp * plan.ep, cp=1, ep=1)
 
 
-def _optimizer_time_split(hw: Hardware, plan: Plan, params: Any, expert_params: Any, fp8_params: Any = 0) -> Any:
+def _optimizer_time_split(hw: Hardware, plan: Plan, params: Any, expert_params: Any, fp8_cast: Any = 0) -> Any:
     """The update of dense parameters sharded over dp*cp and of expert parameters over edp (ZeRO >= 1); the
-    FP8 weight casts (`fp8_params`) ride with the dense update."""
+    FP8 weight casts (`fp8_cast` bytes moved) ride with the dense update."""
     if plan.cp == 1 and mathx.is_zero(expert_params):
-        return _optimizer_time(hw, plan, params, fp8_params)
-    dense = _optimizer_time(hw, _dense_group(plan), params - expert_params, fp8_params)
+        return _optimizer_time(hw, plan, params, fp8_cast)
+    dense = _optimizer_time(hw, _dense_group(plan), params - expert_params, fp8_cast)
     if mathx.is_zero(expert_params):
         return dense
     return dense + _optimizer_time(hw, _expert_group(plan), expert_params)
@@ -920,7 +922,7 @@ def _parallel(comm: Any, hw: Hardware, plan: Plan) -> Parallel | None:
         ep_alltoall_node=lambda nbytes: comm.collective_time("alltoall", nbytes, inside, hw),
         ep_allgather=lambda nbytes: comm.collective_time("allgather", nbytes, ep_group, hw),
         sync_gap=_sync_gap(hw),
-        ep_dispatcher=plan.ep_dispatcher, fp8_dispatch=plan.ep_dispatcher == "deepep" and plan.dtype == "fp8",
+        ep_dispatcher=plan.ep_dispatcher, fp8_dispatch=plan.ep_dispatcher == "deepep" and is_recipe(plan.dtype),
         cp_alltoall=lambda nbytes: comm.collective_time("alltoall", nbytes, cp_group, hw),
         cp_send=lambda nbytes: comm.p2p_time(nbytes, hw, level, crossing),
     )
@@ -981,7 +983,7 @@ def _dp_with_micro_batches(parts: tuple[Any, Any, Any, Any], m: Any) -> tuple[An
     return total + m * per_micro_total, exposed + m * per_micro_exposed
 
 
-def _optimizer_time(hw: Hardware, plan: Plan, params: Any, fp8_params: Any = 0) -> float:
+def _optimizer_time(hw: Hardware, plan: Plan, params: Any, fp8_cast: Any = 0) -> float:
     """The update over this device's (shard of the) parameters; under an FP8 recipe, then the cast of the
     updated weights to their cached FP8 copies (dlperf.ops.fp8), one memory-bound pass per step."""
     nbytes, flops = OPTIMIZER_COST[plan.optimizer]
@@ -989,7 +991,7 @@ def _optimizer_time(hw: Hardware, plan: Plan, params: Any, fp8_params: Any = 0) 
     bw = hw.device.memory_bandwidth * hw.device.eff("memory").peak
     update = params / shard * max(nbytes / bw, flops / hw.device.peak("fp32")) + hw.device.launch_latency
     resident = plan.data_parallel if plan.zero >= 3 else 1  # ZeRO-3 keeps (and casts) a shard of the weights
-    cast = fp8_params / resident * WEIGHT_CAST_BYTES / bw + hw.device.launch_latency if fp8_params else 0.0
+    cast = fp8_cast / resident / bw + hw.device.launch_latency if fp8_cast else 0.0
     return update + cast
 
 

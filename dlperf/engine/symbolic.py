@@ -17,7 +17,7 @@ from dlperf.engine.layers import Use, element_bytes
 from dlperf.engine.stage import conv_choice, use_kernels
 from dlperf.engine.work import model_cost
 from dlperf.ops.conv import algorithm_kernel
-from dlperf.ops.fp8 import fp8_layers, kernel_dtype, storage_dtype
+from dlperf.ops.fp8 import fp8_layers, is_recipe, kernel_dtype, storage_dtype
 from dlperf.spec.hardware import Hardware
 from dlperf.spec.model import Model
 
@@ -30,7 +30,7 @@ def step_time_expr(model: Model, hw: Hardware, dtype: str, choose_at: int = 1, n
     and wave quantization (a step function of B) is the constant factor it has at B = choose_at; `nchw`: the
     plan's memory_format is nchw (layout transposes around tensor-core convolutions, stage.use_kernels)."""
     e = element_bytes(dtype)
-    fp8 = fp8_layers(model.root) if dtype == "fp8" else frozenset()
+    fp8 = fp8_layers(model.root) if is_recipe(dtype) else frozenset()
     total = sympy.Integer(0)
     for layer, count in model.counted():
         use = Use(layer, count, False)
@@ -164,7 +164,7 @@ def elasticities(model: Model, hw: Hardware, dtype: str, batch: int, nchw: bool 
     in floats because differentiating the whole expression in sympy takes seconds for a ResNet.
     """
     e = element_bytes(dtype)
-    fp8 = fp8_layers(model.root) if dtype == "fp8" else frozenset()
+    fp8 = fp8_layers(model.root) if is_recipe(dtype) else frozenset()
     top = max(hw.device.peak_flops.values())
     shares = {"peak FLOP/s (F)": 0.0, "element-wise FLOP/s (F32)": 0.0, "memory bandwidth (M)": 0.0,
               "launch latency (lam)": 0.0}

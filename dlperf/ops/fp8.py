@@ -1,4 +1,4 @@
-"""What an FP8 training recipe does to a layer's kernels (`--dtype fp8`).
+"""What an FP8 training recipe does to a layer's kernels (`--dtype fp8`, `--dtype mxfp8`).
 
 FP8 training as Transformer Engine runs it (Micikevicius et al. 2022, "FP8 Formats for Deep Learning",
 arXiv:2209.05433, sections 3-4; NVIDIA Transformer Engine docs, "Using FP8 with Transformer Engine"): only the
@@ -16,6 +16,16 @@ What this costs beyond the faster GEMM:
 - the weights are cast once per step, after the optimizer update (TE caches the FP8 weight and its transpose
   across the micro-batches of a step, `is_first_microbatch`): priced with the optimizer (engine/step.py).
 - the FP8 copies of the weights live beside the bf16 ones (engine/memory.py).
+
+MXFP8 (`--dtype mxfp8`) is the same recipe with block scales instead of per-tensor ones, as Transformer Engine's
+MXFP8 recipe runs it on Blackwell's block-scaled tensor cores (TE user guide, "Low precision training: MXFP8",
+release 2.18: one E8M0 power-of-two scale per 32 consecutive values, one-dimensional blocks, E4M3 both ways; OCP
+Microscaling Formats (MX) v1.0 spec): every FP8 operand carries one scale byte per 32 elements, 1 + 1/32 bytes
+per element. The blocks run along the GEMM's reduction dimension, so the operand a transposed GEMM reads is not a
+transpose of the quantized one: TE keeps a row-wise and a column-wise copy, each quantized from the 16-bit tensor
+with its own scales (TE user guide, "Performance considerations: handling transposes", tensor usages) -- the two
+outputs Hopper's cast_transpose writes, plus the scales. The block amax is taken inside the quantize kernel, priced
+as the per-tensor recipe's amax is (CAST_FLOPS).
 """
 
 from __future__ import annotations
@@ -26,14 +36,31 @@ from typing import Any
 from dlperf.cost import Cost
 from dlperf.ops.base import BYTES_PER_ELEMENT, Kernel, Layer, numel
 
-FP8_GEMM = "matmul_fp8"      # kernel class: an FP8 GEMM, timed on the device's FP8 peak and FP8 GEMM curve
-STORAGE = {"fp8": "bf16"}    # FP8 recipes store activations, gradients and messages in bf16
+FP8_GEMM = "matmul_fp8"      # kernel class: an FP8 GEMM, timed on the recipe dtype's peak and GEMM curve
+RECIPES = ("fp8", "mxfp8")   # the FP8 training recipes: per-tensor scaled FP8, and MXFP8 (block-scaled)
+STORAGE = dict.fromkeys(RECIPES, "bf16")  # FP8 recipes store activations, gradients and messages in bf16
 FP8 = BYTES_PER_ELEMENT["fp8"]
+MX_BLOCK = 32                # elements per E8M0 scale byte (TE's MXFP8 block size; OCP MX v1.0)
+# Bytes per element of an FP8 operand: the value, and under MXFP8 its share of the block's scale byte.
+OPERAND_BYTES = {"fp8": FP8, "mxfp8": FP8 + 1 / MX_BLOCK}
 CAST_FLOPS = 2               # per element: |x| into the amax reduction, and the multiply by the scale
-# Per parameter, per step: read the bf16 weight, write its FP8 copy and FP8 transpose.
-WEIGHT_CAST_BYTES = 2 + 2 * FP8
-# Per parameter, resident: TE's cached FP8 weight and its FP8 transpose (Hopper's TN-only FP8 GEMMs).
-WEIGHT_COPY_BYTES = 2 * FP8
+
+
+def is_recipe(dtype: str | None) -> bool:
+    """Whether `dtype` names an FP8 training recipe (fp8 or mxfp8)."""
+    return dtype in RECIPES
+
+
+def weight_cast_bytes(dtype: str) -> float:
+    """Per parameter, per step: read the bf16 weight, write its FP8 copy and FP8 transpose (MXFP8: row-wise and
+    column-wise copies with their scales)."""
+    return 2 + 2 * OPERAND_BYTES[dtype]
+
+
+def weight_copy_bytes(dtype: str) -> float:
+    """Per parameter, resident: TE's cached FP8 weight and its FP8 transpose (Hopper's TN-only FP8 GEMMs; MXFP8's
+    row-wise and column-wise copies)."""
+    return 2 * OPERAND_BYTES[dtype]
 
 
 def fp8_layers(root: Any) -> frozenset[Layer]:
@@ -52,13 +79,15 @@ def storage_dtype(dtype: str) -> str:
 
 def kernel_dtype(kernel: Kernel, dtype: str) -> str:
     """The dtype whose peak times this kernel: its own when it pins one (a MoE router in fp32), FP8 GEMMs at the
-    FP8 peak, every other kernel in storage dtype."""
+    recipe's peak (fp8 or mxfp8), every other kernel in storage dtype."""
     if kernel.dtype:
         return kernel.dtype
-    return "fp8" if kernel.cls == FP8_GEMM else storage_dtype(dtype)
+    if kernel.cls == FP8_GEMM:
+        return dtype if is_recipe(dtype) else "fp8"
+    return storage_dtype(dtype)
 
 
-def fp8_kernels(kernels: list[Kernel], e: int) -> list[Kernel]:
+def fp8_kernels(kernels: list[Kernel], e: int, recipe: str = "fp8") -> list[Kernel]:
     """Each weight GEMM becomes its operand casts and an FP8 GEMM; other kernels are unchanged, and so is a GEMM
     whose precision the layer pins (a MoE router: Megatron-Core computes it with torch's linear outside Transformer
     Engine's fp8_autocast, router.py TopKRouter.gating @92c8482e)."""
@@ -68,31 +97,33 @@ def fp8_kernels(kernels: list[Kernel], e: int) -> list[Kernel]:
             out.append(kernel)
             continue
         m, k, n = kernel.weight_gemm
-        out += [_cast_kernel(f"{kernel.name}_fp8_cast", m * k, m * n, e), _fp8_gemm(kernel, m, k, n, e)]
+        b = OPERAND_BYTES[recipe]
+        out += [_cast_kernel(f"{kernel.name}_fp8_cast", m * k, m * n, e, b), _fp8_gemm(kernel, m, k, n, e, b)]
     return out
 
 
-def _fp8_gemm(kernel: Kernel, m: Any, k: Any, n: Any, e: int) -> Kernel:
-    """Same FLOPs; FP8 operands (1 byte) and 16-bit outputs: forward reads X and W, writes Y; backward reads
-    dY twice with W and X, writes dX and dW. A grouped expert GEMM reads and writes every resident expert's
-    [k, n] (`weight_groups`), as its 16-bit form does (dlperf.ops.moe.grouped_gemm)."""
+def _fp8_gemm(kernel: Kernel, m: Any, k: Any, n: Any, e: int, b: float = FP8) -> Kernel:
+    """Same FLOPs; FP8 operands (`b` bytes each, scales included) and 16-bit outputs: forward reads X and W,
+    writes Y; backward reads dY twice with W and X, writes dX and dW. A grouped expert GEMM reads and writes every
+    resident expert's [k, n] (`weight_groups`), as its 16-bit form does (dlperf.ops.moe.grouped_gemm)."""
     weights = kernel.weight_groups * k * n
-    cost = replace(kernel.cost, fwd_bytes=FP8 * (m * k + weights) + e * m * n,
-                   bwd_bytes=FP8 * 2 * (m * n) + FP8 * (weights + m * k) + e * (m * k + weights))
+    cost = replace(kernel.cost, fwd_bytes=b * (m * k + weights) + e * m * n,
+                   bwd_bytes=b * 2 * (m * n) + b * (weights + m * k) + e * (m * k + weights))
     return replace(kernel, cls=FP8_GEMM, cost=cost)
 
 
-def _cast_kernel(name: str, activation: Any, gradient: Any, e: int) -> Kernel:
-    """cast_transpose of the activation (forward) and of the output gradient (backward), with their amax."""
-    per_element = e + 2 * FP8
+def _cast_kernel(name: str, activation: Any, gradient: Any, e: int, b: float = FP8) -> Kernel:
+    """cast_transpose of the activation (forward) and of the output gradient (backward), with their amax: reads
+    the 16-bit tensor, writes two FP8 copies of `b` bytes per element."""
+    per_element = e + 2 * b
     return Kernel(name, "memory", Cost(
         fwd_flops=CAST_FLOPS * activation, bwd_data_flops=CAST_FLOPS * gradient,
         fwd_bytes=per_element * activation, bwd_bytes=per_element * gradient, depth=1, bwd_depth=1,
     ), launches=1, bwd_launches=1)
 
 
-def saved_bytes(layer: Layer, saved: Any, e: int) -> Any:
+def saved_bytes(layer: Layer, saved: Any, e: int, recipe: str = "fp8") -> Any:
     """A linear layer keeps the FP8 cast of its input for the weight-gradient GEMM instead of the bf16 input."""
     if layer.op != "linear":
         return saved
-    return saved - (e - FP8) * numel(layer.in_shape)
+    return saved - (e - OPERAND_BYTES[recipe]) * numel(layer.in_shape)

@@ -60,7 +60,7 @@ from dlperf.errors import DlperfError, SpecError
 from dlperf.spec.yamlio import LineDict, check_keys, field_name, line_of, load_yaml_file
 from dlperf.units import parse_quantity
 
-DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8")
+DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8")
 KERNEL_CLASSES = ("matmul", "conv", "attention", "attention_fa3", "memory", "transcendental")
 
 # Defaults when a hardware file gives no efficiency curve. Sources:
@@ -213,8 +213,9 @@ class Device:
         if dtype == "tf32" or dtype not in DTYPES:
             return self.peak_flops["fp32"]
         listed = ", ".join(self.peak_flops)
-        raise SpecError(f"device {self.name} has no peak_flops for {dtype} (it lists {listed}: try --dtype with one "
-                        f"of them)", field="device.peak_flops")
+        why = "MXFP8 needs block-scaled tensor cores, Blackwell's or later; " if dtype == "mxfp8" else ""
+        raise SpecError(f"device {self.name} has no peak_flops for {dtype} ({why}it lists {listed}: try --dtype with "
+                        f"one of them)", field="device.peak_flops")
 
     def eff(self, kernel_class: str, dtype: str | None = None) -> Efficiency:
         """The curve of a kernel class; a dtype whose kernels run on other units (fp32 on CUDA cores, tf32, fp8)
@@ -228,10 +229,14 @@ class Device:
     def curve_key(self, kernel_class: str, dtype: str | None = None) -> str:
         """Which curve `eff` prices the class at: a key of `efficiency` ("matmul", "matmul/fp8", ...), or, where
         the chain of stand-ins ends without a measured curve, the class whose DEFAULT_EFFICIENCY applies."""
+        if kernel_class == "matmul_fp8":  # an FP8 recipe's GEMM: the matmul curve measured in its format
+            return self.curve_key("matmul", dtype if dtype == "mxfp8" else "fp8")
         if dtype is not None and self.dtype_curves:
             for key in (f"{kernel_class}/{dtype}", f"matmul/{dtype}" if kernel_class == "conv" else ""):
                 if key in self.dtype_curves:  # a conv in a dtype with its own units runs at their GEMM rate
                     return key
+        if dtype == "mxfp8":  # block-scaled FP8 runs on the FP8 tensor cores: FP8's curve where MXFP8 has none
+            return self.curve_key(kernel_class, "fp8")
         if kernel_class in self.efficiency:
             return kernel_class
         if kernel_class == "attention_fa3":  # FlashAttention-3 class kernels, else the FlashAttention-2 curve
@@ -242,8 +247,6 @@ class Device:
             return "attention_fa3"
         if kernel_class in ("conv", "attention"):  # no measured curve of its own: the GEMM's
             return self.curve_key("matmul", dtype)
-        if kernel_class == "matmul_fp8":  # an FP8 recipe's GEMM: the matmul curve measured in fp8 (dtypes.fp8)
-            return self.curve_key("matmul", "fp8")
         if kernel_class == "transcendental":  # exp/tanh-bound element-wise kernels, when not measured apart
             return self.curve_key("memory")
         return kernel_class
