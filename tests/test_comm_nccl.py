@@ -65,18 +65,18 @@ MEAN_ERROR = {  # with the per-call start-up (dlperf.comm.nccl.CALL_OVERHEAD) an
     "xla-16x4-gb200-allgather": 0.14,  # 13.8% (11% / 16%)
     "xla-16x4-gb200-reducescatter": 0.12,  # 11.9% (8% / 15%)
     "xla-16x4-gb200-alltoall": 0.28,  # 27.0% (34% / 22%)
-    # GB300 NVL72 (sm_103, 20 runs per point)
-    "xla-1x72-gb300-allreduce": 0.67,  # 66.9% (79% / 58%), model slow as on GB200
-    "xla-1x72-gb300-allgather": 0.19,  # 18.6% (22% / 16%)
-    "xla-1x72-gb300-reducescatter": 0.19,  # 18.3% (23% / 15%)
+    # GB300 NVL72 (sm_103, 20 runs per point), priced with NCCL's Blackwell constants (nccl.BLACKWELL_TAGS)
+    "xla-1x72-gb300-allreduce": 0.55,  # 54.2% (75% / 39%), model slow as on GB200
+    "xla-1x72-gb300-allgather": 0.23,  # 22.5% (33% / 16%)
+    "xla-1x72-gb300-reducescatter": 0.24,  # 24.0% (33% / 18%)
     "xla-1x72-gb300-alltoall": 0.58,  # 57.6% (78% / 44%)
-    "xla-8x8-gb300-allreduce": 0.15,  # 14.0% (15% / 14%)
-    "xla-8x8-gb300-allgather": 0.15,  # 14.7% (15%, model slow / 15%)
-    "xla-8x8-gb300-reducescatter": 0.13,  # 12.9% (14%, model slow / 12%)
+    "xla-8x8-gb300-allreduce": 0.14,  # 13.2% (16% / 11%)
+    "xla-8x8-gb300-allgather": 0.07,  # 6.9% (5% / 8%)
+    "xla-8x8-gb300-reducescatter": 0.07,  # 6.0% (4% / 7%)
     "xla-8x8-gb300-alltoall": 0.20,  # 19.2% (23%, model slow / 17%)
-    "xla-16x4-gb300-allreduce": 0.13,  # 12.2% (16%, model slow / 9%)
-    "xla-16x4-gb300-allgather": 0.13,  # 12.3% (4% / 18%)
-    "xla-16x4-gb300-reducescatter": 0.11,  # 10.6% (4% / 15%)
+    "xla-16x4-gb300-allreduce": 0.07,  # 6.5% (5% / 7%)
+    "xla-16x4-gb300-allgather": 0.12,  # 11.9% (7% / 15%)
+    "xla-16x4-gb300-reducescatter": 0.12,  # 11.6% (8% / 15%)
     "xla-16x4-gb300-alltoall": 0.32,  # 31.3% (42% / 23%)
 }
 
@@ -105,6 +105,14 @@ def test_single_node_a100_latencies_and_bandwidths_follow_tuning_cc() -> None:
     # algBw: ring x P / 2(P-1), tree x 1/2
     assert N.algorithm_bandwidth("allreduce", "ring", 2, s) == pytest.approx(231.0 * 8 / 14)
     assert N.algorithm_bandwidth("allreduce", "tree", 2, s) == pytest.approx(231.0 * 0.92 / 2)
+
+
+def test_every_blackwell_hardware_file_gets_nccls_blackwell_constants() -> None:
+    """tuning.cc indexes its constants by minCompCap >= 100 as Blackwell: sm_100 B200/GB200 and sm_103 GB300 alike."""
+    for name in ("dgx-b200", "gb200-nvl72", "dgx-gb300"):
+        assert setup(name, 8).arch == 3, name
+    assert N.bus_bandwidth("allreduce", "ring", 0, setup("dgx-gb300", 8)) == pytest.approx(282.0)  # llMaxBw
+    assert (setup("dgx-h100", 8).arch, setup("dgx-a100", 8).arch, N.arch_index("MI300X-OAM-192GB")) == (2, 1, 1)
 
 
 def test_multi_node_ring_counts_network_steps_and_net_overhead() -> None:
