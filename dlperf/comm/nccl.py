@@ -82,11 +82,16 @@ NET_OVERHEAD = 1.0  # us, getNetOverhead() for Intel x86 hosts (x3 for Simple)
 P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD default: point-to-point messages up to 16 KiB use LL
 
 
+# Blackwell device names (compute capability 10.x: B100/B200/GB200 sm_100, B300/GB300 Blackwell Ultra sm_103, GB10).
+# tuning.cc takes every minCompCap >= 100 as Blackwell (compCapIndex), and topo.h gives such GPUs SM100_NVLINK_BW.
+BLACKWELL_TAGS = ("B100", "B200", "B300", "GB10", "BLACKWELL")
+
+
 def arch_index(device_name: str) -> int:
     """NCCL's compute-capability class from the device name: 0 Volta (and older), 1 Ampere, 2 Hopper, 3 Blackwell.
     An unknown device is taken as Ampere."""
     name = device_name.upper()
-    if any(tag in name for tag in ("B200", "B100", "GB200", "GB10")):
+    if any(tag in name for tag in BLACKWELL_TAGS):
         return 3
     if any(tag in name for tag in ("H100", "H200", "H800", "H20")):
         return 2
