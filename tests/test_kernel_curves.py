@@ -172,3 +172,29 @@ def test_snippet_loads_into_its_hardware_file(name: str) -> None:
     assert matmul.startup == pytest.approx(float(published["startup"].split()[0]) * 1e-6)
     for dtype, curve in snippet["efficiency"]["matmul"].get("dtypes", {}).items():
         assert device.eff("matmul", dtype).peak == curve["peak"] and device.eff("matmul", dtype).tile is None
+
+
+def _mamf(accelerator: str, dtype: str) -> float:
+    """The stas00/ml-engineering MAMF row (dlperf/data/kernels/mamf-ceilings.csv), in FLOP/s."""
+    _, rows = fit.read_csv(DATA / "mamf-ceilings.csv")
+    return next(float(r["mamf_tflops"]) * 1e12 for r in rows if r["accelerator"] == accelerator and r["dtype"] == dtype)
+
+
+# dgx-b200's matmul curves: dtype (None = the default curve) -> (fitted curve, fit, MAMF dtype or None when no row)
+B200_CURVES = {None: ("B200 bf16 matmul (xla)", "engine", "bf16"), "tf32": ("B200 tf32 matmul (xla)", "plain", None),
+               "fp8": ("B200 fp8 matmul (xla)", "plain", "fp8")}
+
+
+@pytest.mark.parametrize("dtype", list(B200_CURVES), ids=lambda d: d or "default")
+def test_dgx_b200_carries_the_xla_fit_capped_at_mamf(results: dict, dtype: str | None) -> None:
+    """hardware/dgx-b200.yaml prices GEMMs with the fit to XLA's B200 table under H100's rule: the default curve the
+    fit under the engine's quantization (with its tile), per-dtype curves the plain fit; r_inf capped at the B200
+    MAMF row where there is one; startup = the fitted t0 (CUPTI kernel times, no launch in them)."""
+    name, model, mamf_dtype = B200_CURVES[dtype]
+    r = results[name]
+    fitted = getattr(r, model)
+    rate = min(fitted.rate, _mamf("NVIDIA B200 SXM", mamf_dtype)) if mamf_dtype else fitted.rate
+    curve = fit.load_hardware("dgx-b200").device.eff("matmul", dtype)
+    assert curve.peak == pytest.approx(rate / r.peak_flops, abs=5e-4)
+    assert curve.startup == pytest.approx(fitted.t0, abs=0.05e-6)
+    assert curve.tile == ((256, 128) if model == "engine" else None)
