@@ -22,6 +22,7 @@ import io
 import re
 import subprocess
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "dlperf" / "data" / "kernels"
@@ -31,6 +32,35 @@ OUT = Path(__file__).resolve().parents[1] / "dlperf" / "data" / "kernels"
 XLA_COMMIT = "ad6eaee1b2f13931e3ceb26dc50bf3ac6b425496"
 XLA_PATH = "xla/service/gpu/model/default_matmul_perf_table.txtpb"
 XLA_DTYPES = {"bf16": "bf16xbf16->bf16", "tf32": "f32xf32->f32", "fp8": "f8e4m3fnxf8e4m3fn->bf16"}
+
+
+@dataclass(frozen=True)
+class XlaDevice:
+    """One device key of the XLA table: the file tag, the GPU it names and what its f32 dots ran on."""
+
+    key: str
+    tag: str
+    title: str
+    gpu: str
+    tf32: str
+
+
+XLA_DEVICES = (
+    XlaDevice("sm_90", "h100", "H100", "H100 80GB HBM3 (SXM; XLA's hlo_op_profiles_data.h names its sm_90 device so)",
+              "f32xf32->f32 runs on TF32 tensor cores under XLA's default precision: 4096^3 reaches 402 TFLOP/s, "
+              "6x the 67 TFLOP/s FP32 SIMT peak"),
+    # sm_100 keys carry the last word of the CUDA device name (hlo_op_profiles.cc GetDeviceSpecificProfileName;
+    # hlo_op_profiles_test.cc: "NVIDIA B200" -> sm_100_B200, "NVIDIA GB200" -> sm_100_GB200). The values are
+    # those of 71feeddf7c "[XLA:GPU] Update latency hiding scheduler cost models for B200/H100 FP8 matmul"
+    # (2025-10-21; key "sm_100" then, which replaced 1088d5ab75's "Update GEMM cost model for B200"), renamed
+    # sm_100_B200 by e97611c4c4 (PR #36518, "distinguish B200 and GB200"); all 1875 numbers checked equal.
+    XlaDevice("sm_100_B200", "b200", "B200",
+              "NVIDIA B200 (compute capability 10.0, CUDA device name 'NVIDIA B200': XLA's hlo_op_profiles.cc "
+              "GetDeviceSpecificProfileName and hlo_op_profiles_test.cc GetProfileSm100; a GB200 would be "
+              "sm_100_GB200); values as measured in 71feeddf7c (2025-10-21, key sm_100 then)",
+              "f32xf32->f32 runs on TF32 tensor cores under XLA's default precision: 4096^3 reaches 758 TFLOP/s "
+              "(870 at batch 4), 9.5x the 80 TFLOP/s FP32 SIMT peak"),
+)
 DEEPBENCH_COMMIT = "30c51150869ee217f150ef5f31dc69241ed23b49"  # 2019-10-07 V100 refresh (CUDA 10.1)
 DEEPBENCH_PATH = "results/train/DeepBench_NV_V100.xlsx"
 # Pascal GP102 with all 30 SMs / 3840 CUDA cores enabled, like the Tesla P40 (hardware/p40-pcie.yaml)
@@ -77,7 +107,7 @@ def tera(value: str) -> str:
 def xla_entries(text: str, device_key: str) -> list[dict[str, str]]:
     """The `entries { b m n k flops {...} }` blocks under one device key of a GemmPerfTable textproto."""
     start = text.index(f'key: "{device_key}"')
-    nxt = text.find('\n  key: "', start + 1)
+    nxt = text.find("\nentries {", start)  # the next device's top-level block, if any
     block = text[start: nxt if nxt > 0 else len(text)]
     entries = []
     for chunk in block.split("entries {")[1:]:
@@ -87,25 +117,29 @@ def xla_entries(text: str, device_key: str) -> list[dict[str, str]]:
     return entries
 
 
+def xla_header(device: XlaDevice, dtype: str, key: str) -> list[str]:
+    """The `#` lines of one xla-<gpu>-<dtype>.csv."""
+    return [
+        f"OpenXLA default matmul performance table, {device.title} (device key {device.key}), {key}",
+        f"source: openxla/xla {XLA_PATH} @ {XLA_COMMIT} (2026-07-10)",
+        "generator: xla/tools/matmul_perf_table_gen.cc: median CUPTI kernel time of 5 profiled runs; "
+        "flops = 2*b*m*n*k / time",
+        f"GPU: {device.gpu}; software: XLA at that commit (cuBLAS / Triton as XLA picks)",
+        device.tf32 if dtype == "tf32" else
+        "fp8: e4m3fn x e4m3fn -> bf16 (the table also has e4m3fn x e5m2 and e5m2 x e4m3fn, not copied)"
+        if dtype == "fp8" else "bf16 x bf16 -> bf16",
+        "tflops = the table's `flops` value / 1e12 (decimal point moved, no rounding)",
+    ]
+
+
 def extract_xla(repo: Path) -> None:
     text = git_show(repo, XLA_COMMIT, XLA_PATH).decode()
-    entries = xla_entries(text, "sm_90")
-    for dtype, key in XLA_DTYPES.items():
-        header = [
-            f"OpenXLA default matmul performance table, H100 (device key sm_90), {key}",
-            f"source: openxla/xla {XLA_PATH} @ {XLA_COMMIT} (2026-07-10)",
-            "generator: xla/tools/matmul_perf_table_gen.cc: median CUPTI kernel time of 5 profiled runs; "
-            "flops = 2*b*m*n*k / time",
-            "GPU: H100 80GB HBM3 (SXM; XLA's hlo_op_profiles_data.h names its sm_90 device so); "
-            "software: XLA at that commit (cuBLAS / Triton as XLA picks)",
-            "f32xf32->f32 runs on TF32 tensor cores under XLA's default precision: 4096^3 reaches 402 TFLOP/s, "
-            "6x the 67 TFLOP/s FP32 SIMT peak" if dtype == "tf32" else
-            "fp8: e4m3fn x e4m3fn -> bf16 (the table also has e4m3fn x e5m2 and e5m2 x e4m3fn, not copied)"
-            if dtype == "fp8" else "bf16 x bf16 -> bf16",
-            "tflops = the table's `flops` value / 1e12 (decimal point moved, no rounding)",
-        ]
-        rows = [[e["b"], e["m"], e["n"], e["k"], tera(e[key])] for e in entries]
-        write_csv(f"xla-h100-{dtype}.csv", header, ["batch", "m", "n", "k", "tflops"], rows)
+    for device in XLA_DEVICES:
+        entries = xla_entries(text, device.key)
+        for dtype, key in XLA_DTYPES.items():
+            rows = [[e["b"], e["m"], e["n"], e["k"], tera(e[key])] for e in entries]
+            write_csv(f"xla-{device.tag}-{dtype}.csv", xla_header(device, dtype, key),
+                      ["batch", "m", "n", "k", "tflops"], rows)
 
 
 # --- DeepBench -----------------------------------------------------------------------------------------

@@ -43,7 +43,11 @@ DATA = Path(__file__).resolve().parents[1] / "dlperf" / "data" / "kernels"
 # SM counts: V100 80 (Volta whitepaper), A100 108 (Ampere whitepaper / DU-09799-001), H100 SXM and H200 132
 # (Hopper whitepaper; ml-engineering training/performance/README.md "132 on H100/H200").
 # Titan Xp 30 (GP102 fully enabled: 3840 CUDA cores / 128 per Pascal SM, like the Tesla P40).
-SMS = {"V100": 80, "A100": 108, "H100": 132, "H200": 132, "TitanXp": 30}
+# B200 148: XLA's own device description of the GPU its sm_100_B200 table names (openxla/xla
+# xla/service/gpu/gpu_device_info_for_tests.cc @ad6eaee1, TestGpuDeviceInfo::B200SXMDeviceInfo: name "NVIDIA B200",
+# core_count 148); Chips and Cheese, "Nvidia's B200: Keeping the CUDA Juggernaut Rolling" (2025), on a Verda 8x B200
+# instance: "B200 enables 74 SMs per die, giving 148 SMs across the GPU".
+SMS = {"V100": 80, "A100": 108, "H100": 132, "H200": 132, "TitanXp": 30, "B200": 148}
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,11 @@ CURVES = (
     Curve("H100", "dgx-h100", "fp32", "matmul", ("neusight-h100-fp32.csv",)),
     Curve("H100", "dgx-h100", "fp8", "matmul", ("azure-h100-fp8.csv",)),
     Curve("H200", "hgx-h200", "fp8", "matmul", ("azure-h200-fp8.csv",)),
+    # XLA's B200 table (sm_100_B200): unlike H100's its FP8 reads a plausible 0.729 of the dense FP8 peak at best,
+    # and 1.89-2.16x its own BF16 rate on the shapes of >= 2^36 multiply-adds (tensor cores: 2x).
+    Curve("B200", "dgx-b200", "bf16", "matmul", ("xla-b200-bf16.csv",)),
+    Curve("B200", "dgx-b200", "tf32", "matmul", ("xla-b200-tf32.csv",)),
+    Curve("B200", "dgx-b200", "fp8", "matmul", ("xla-b200-fp8.csv",)),
     # Titan Xp stands in for the Tesla P40: both GP102 with 30 SMs / 3840 CUDA cores (NVIDIA TITAN Xp product
     # page: 3840 cores, 1582 MHz boost, 11.4 Gbps GDDR5X on 384 bits = 547.7 GB/s; P40 datasheet: 3840 cores,
     # 346 GB/s). r_inf is taken as a fraction of the Titan Xp's own 3840 x 2 x 1582 MHz = 12.15 TFLOP/s, so on
@@ -305,6 +314,8 @@ SOURCES = {
     "neusight": "sitar-lab/NeuSight scripts/asplos/data/dataset/test/{linear,bmm}.csv @6945927d (torch 2.1, "
                 "CUDA 12.1, TF32 off)",
     "xla": "openxla/xla xla/service/gpu/model/default_matmul_perf_table.txtpb @ad6eaee1 (H100, CUPTI kernel times)",
+    "xla-b200": "openxla/xla xla/service/gpu/model/default_matmul_perf_table.txtpb @ad6eaee1 (B200, device key "
+                "sm_100_B200, CUPTI kernel times)",
 }
 
 
@@ -340,6 +351,11 @@ ASSIGN = {
         ("matmul", "fp8"): ("H200 fp8 matmul (azure)", "; 9 shapes, CUDA 12.6"),
         ("matmul", "fp32"): ("H100 fp32 matmul (neusight)", "; the H100 curve (same SMs and clocks); t0 includes "
                              "eager PyTorch dispatch and launch"),
+    },
+    "dgx-b200 (B200-SXM)": {
+        ("matmul", None): ("B200 bf16 matmul (xla)", "; t0 excludes the launch"),
+        ("matmul", "tf32"): ("B200 tf32 matmul (xla)", "; XLA's f32 dot at default precision (TF32)"),
+        ("matmul", "fp8"): ("B200 fp8 matmul (xla)", "; e4m3 x e4m3 -> bf16; t0 excludes the launch"),
     },
     "p40-pcie (Tesla P40, GP102)": {
         ("conv", None): ("TitanXp fp32 conv (deepbench)", "; Titan Xp: GP102 with the P40's 30 SMs, r_inf as a "

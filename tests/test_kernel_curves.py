@@ -31,7 +31,8 @@ def _fit_module():
 fit = _fit_module()
 
 # curve -> (peak = r_inf / datasheet peak, startup t0 in us, median |rel err| tolerance). Measured medians:
-# 0.072, 0.139, 0.346, 0.326, 0.105, 0.183, 0.071, 0.213, 0.149, 0.042, 0.029, 0.344 (FITTED.md).
+# 0.072, 0.139, 0.346, 0.326, 0.105, 0.183, 0.071, 0.213, 0.149, 0.042, 0.029, 0.105, 0.140, 0.141, 0.344
+# (FITTED.md).
 EXPECTED = {
     "V100 fp16 matmul (deepbench)": (0.800, 8.0, 0.08),
     "V100 fp32 matmul (deepbench)": (0.764, 10.0, 0.14),
@@ -44,16 +45,20 @@ EXPECTED = {
     "H100 fp32 matmul (neusight)": (0.633, 24.1, 0.15),
     "H100 fp8 matmul (azure)": (0.686, 6.6, 0.05),
     "H200 fp8 matmul (azure)": (0.682, 6.4, 0.03),
+    "B200 bf16 matmul (xla)": (0.551, 4.9, 0.11),
+    "B200 tf32 matmul (xla)": (0.566, 5.8, 0.15),
+    "B200 fp8 matmul (xla)": (0.540, 4.8, 0.15),
     "TitanXp fp32 conv (deepbench)": (0.678, 35.0, 0.35),
 }
 
 
 # The default matmul curves are published as fitted under the engine's own quantization (FITTED.md says why):
-# curve -> (peak, startup us, median tolerance); measured medians 0.092, 0.065, 0.078.
+# curve -> (peak, startup us, median tolerance); measured medians 0.065, 0.021, 0.045, 0.046.
 ENGINE_EXPECTED = {
     "V100 fp16 matmul (deepbench)": (0.880, 3.2, 0.07),
     "A100 fp16 matmul (azure)": (0.829, 0.6, 0.03),
     "H100 bf16 matmul (xla)": (0.843, 4.9, 0.05),
+    "B200 bf16 matmul (xla)": (0.681, 4.9, 0.05),
 }
 
 
@@ -138,7 +143,7 @@ def test_fitted_md_lists_the_published_figures() -> None:
         assert _published(text, name, peak, startup_us), name
 
 
-SNIPPET_HARDWARE = ("dgx1-v100", "dgx-a100", "dgx-h100", "hgx-h200")  # FITTED.md's snippets, by first name
+SNIPPET_HARDWARE = ("dgx1-v100", "dgx-a100", "dgx-h100", "hgx-h200", "dgx-b200")  # FITTED.md's snippets, by first name
 
 
 def _snippets() -> dict[str, str]:
@@ -167,3 +172,29 @@ def test_snippet_loads_into_its_hardware_file(name: str) -> None:
     assert matmul.startup == pytest.approx(float(published["startup"].split()[0]) * 1e-6)
     for dtype, curve in snippet["efficiency"]["matmul"].get("dtypes", {}).items():
         assert device.eff("matmul", dtype).peak == curve["peak"] and device.eff("matmul", dtype).tile is None
+
+
+def _mamf(accelerator: str, dtype: str) -> float:
+    """The stas00/ml-engineering MAMF row (dlperf/data/kernels/mamf-ceilings.csv), in FLOP/s."""
+    _, rows = fit.read_csv(DATA / "mamf-ceilings.csv")
+    return next(float(r["mamf_tflops"]) * 1e12 for r in rows if r["accelerator"] == accelerator and r["dtype"] == dtype)
+
+
+# dgx-b200's matmul curves: dtype (None = the default curve) -> (fitted curve, fit, MAMF dtype or None when no row)
+B200_CURVES = {None: ("B200 bf16 matmul (xla)", "engine", "bf16"), "tf32": ("B200 tf32 matmul (xla)", "plain", None),
+               "fp8": ("B200 fp8 matmul (xla)", "plain", "fp8")}
+
+
+@pytest.mark.parametrize("dtype", list(B200_CURVES), ids=lambda d: d or "default")
+def test_dgx_b200_carries_the_xla_fit_capped_at_mamf(results: dict, dtype: str | None) -> None:
+    """hardware/dgx-b200.yaml prices GEMMs with the fit to XLA's B200 table under H100's rule: the default curve the
+    fit under the engine's quantization (with its tile), per-dtype curves the plain fit; r_inf capped at the B200
+    MAMF row where there is one; startup = the fitted t0 (CUPTI kernel times, no launch in them)."""
+    name, model, mamf_dtype = B200_CURVES[dtype]
+    r = results[name]
+    fitted = getattr(r, model)
+    rate = min(fitted.rate, _mamf("NVIDIA B200 SXM", mamf_dtype)) if mamf_dtype else fitted.rate
+    curve = fit.load_hardware("dgx-b200").device.eff("matmul", dtype)
+    assert curve.peak == pytest.approx(rate / r.peak_flops, abs=5e-4)
+    assert curve.startup == pytest.approx(fitted.t0, abs=0.05e-6)
+    assert curve.tile == ((256, 128) if model == "engine" else None)
