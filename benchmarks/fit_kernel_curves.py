@@ -365,10 +365,17 @@ ASSIGN = {
 }
 
 
+# Per-dtype curves that run on tensor cores, whose GEMMs tile as the 16-bit ones do (NVIDIA DU-09799-001): they
+# carry the engine's tile and the fit under its quantization; fp32 on CUDA cores (SIMT tiles are at most 128x128,
+# the NeuSight kernel names say) and convolutions keep the plain fit and no tile.
+TENSOR_CORE_DTYPES = ("tf32", "fp8")
+
+
 def _entry(r: Result, note: str, quantized: bool) -> tuple[str, str, str]:
-    """(peak, startup, source) of one curve. The class's default matmul curve is the fit under the engine's own
-    quantization, because the hardware file's `tile` makes the engine apply it on top (a plain fit would charge
-    the quantization loss twice); per-dtype and conv curves have no tile, so they take the plain fit."""
+    """(peak, startup, source) of one curve. A tensor-core curve (the class's default matmul curve, and the tf32
+    and fp8 ones) is the fit under the engine's own quantization, because the hardware file's `tile` makes the
+    engine apply it on top (a plain fit would charge the quantization loss twice, and fits these tables worse);
+    fp32 (CUDA cores) and conv curves have no tile, so they take the plain fit."""
     p, where = (r.engine if quantized else r.plain), source_of(r.curve.files[0])
     how = "Hockney+roofline fit under the engine's 256x128/split-K quantization" if quantized else \
         "Hockney+roofline fit"
@@ -394,8 +401,10 @@ def snippets(results: list[Result]) -> str:
             if dtypes:
                 lines.append("    dtypes:")
             for dtype, (name, note) in dtypes:
-                peak, startup, src = _entry(by_name[name], note, False)
-                lines.append(f'      {dtype}: {{peak: {peak}, startup: {startup}, source: "{src}"}}')
+                tiled = kind == "matmul" and dtype in TENSOR_CORE_DTYPES
+                peak, startup, src = _entry(by_name[name], note, tiled)
+                tile = f"tile: [{ENGINE_TILE[0]}, {ENGINE_TILE[1]}], " if tiled else ""
+                lines.append(f'      {dtype}: {{{tile}peak: {peak}, startup: {startup}, source: "{src}"}}')
         out.append("\n".join(lines))
     return "\n\n".join(out)
 

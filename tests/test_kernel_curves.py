@@ -52,13 +52,19 @@ EXPECTED = {
 }
 
 
-# The default matmul curves are published as fitted under the engine's own quantization (FITTED.md says why):
-# curve -> (peak, startup us, median tolerance); measured medians 0.065, 0.021, 0.045, 0.046.
+# The tensor-core matmul curves (the default ones, and the tf32 and fp8 ones) are published as fitted under the
+# engine's own quantization (FITTED.md says why): curve -> (peak, startup us, median tolerance); measured medians
+# 0.065, 0.021, 0.045, 0.151, 0.035, 0.036, 0.046, 0.051, 0.101.
 ENGINE_EXPECTED = {
     "V100 fp16 matmul (deepbench)": (0.880, 3.2, 0.07),
     "A100 fp16 matmul (azure)": (0.829, 0.6, 0.03),
     "H100 bf16 matmul (xla)": (0.843, 4.9, 0.05),
+    "H100 tf32 matmul (xla)": (0.616, 5.4, 0.16),
+    "H100 fp8 matmul (azure)": (0.709, 4.9, 0.04),
+    "H200 fp8 matmul (azure)": (0.682, 4.4, 0.04),
     "B200 bf16 matmul (xla)": (0.681, 4.9, 0.05),
+    "B200 tf32 matmul (xla)": (0.714, 5.8, 0.06),
+    "B200 fp8 matmul (xla)": (0.619, 4.8, 0.11),
 }
 
 
@@ -171,7 +177,8 @@ def test_snippet_loads_into_its_hardware_file(name: str) -> None:
     assert matmul.peak == published["peak"] and matmul.tile == (256, 128)
     assert matmul.startup == pytest.approx(float(published["startup"].split()[0]) * 1e-6)
     for dtype, curve in snippet["efficiency"]["matmul"].get("dtypes", {}).items():
-        assert device.eff("matmul", dtype).peak == curve["peak"] and device.eff("matmul", dtype).tile is None
+        tile = (256, 128) if dtype in fit.TENSOR_CORE_DTYPES else None  # fp32 runs on CUDA cores, SIMT tiles
+        assert device.eff("matmul", dtype).peak == curve["peak"] and device.eff("matmul", dtype).tile == tile
 
 
 def _mamf(accelerator: str, dtype: str) -> float:
@@ -181,14 +188,14 @@ def _mamf(accelerator: str, dtype: str) -> float:
 
 
 # dgx-b200's matmul curves: dtype (None = the default curve) -> (fitted curve, fit, MAMF dtype or None when no row)
-B200_CURVES = {None: ("B200 bf16 matmul (xla)", "engine", "bf16"), "tf32": ("B200 tf32 matmul (xla)", "plain", None),
-               "fp8": ("B200 fp8 matmul (xla)", "plain", "fp8")}
+B200_CURVES = {None: ("B200 bf16 matmul (xla)", "engine", "bf16"), "tf32": ("B200 tf32 matmul (xla)", "engine", None),
+               "fp8": ("B200 fp8 matmul (xla)", "engine", "fp8")}
 
 
 @pytest.mark.parametrize("dtype", list(B200_CURVES), ids=lambda d: d or "default")
 def test_dgx_b200_carries_the_xla_fit_capped_at_mamf(results: dict, dtype: str | None) -> None:
-    """hardware/dgx-b200.yaml prices GEMMs with the fit to XLA's B200 table under H100's rule: the default curve the
-    fit under the engine's quantization (with its tile), per-dtype curves the plain fit; r_inf capped at the B200
+    """hardware/dgx-b200.yaml prices GEMMs with the fit to XLA's B200 table under H100's rule: every tensor-core
+    curve (default, tf32, fp8) the fit under the engine's quantization, with its tile; r_inf capped at the B200
     MAMF row where there is one; startup = the fitted t0 (CUPTI kernel times, no launch in them)."""
     name, model, mamf_dtype = B200_CURVES[dtype]
     r = results[name]
