@@ -23,8 +23,10 @@ CP_ALGORITHMS = ("ring", "ulysses")
 RECOMPUTE_MODULES = ("layernorm", "mla_up_proj", "moe_act")
 # How expert tokens travel: "alltoall", Megatron-Core's all-to-all dispatcher (BF16 both ways, hierarchical legs
 # one after the other); "deepep", DeepSeek's DeepEP kernels (arXiv:2412.19437 Sec. 3.2.2 and 3.3.3: dispatch
-# quantized to FP8 under an FP8 recipe, combine in BF16, IB and NVLink legs overlapped, 20 SMs).
-EP_DISPATCHERS = ("alltoall", "deepep")
+# quantized to FP8 under an FP8 recipe, combine in BF16, IB and NVLink legs overlapped, 20 SMs); "hybridep",
+# NVIDIA's Hybrid-EP kernels in DeepEP's hybrid-ep branch as Megatron-Core's flex dispatcher runs them (BF16 both
+# ways, legs overlapped as DeepEP's, 32 SMs: dlperf.engine.context.HYBRIDEP_SMS).
+EP_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 # How ZeRO stage 3 gathers and reduces (dlperf.engine.zero_impl): "fsdp", one collective per repeated block with
 # prefetch (PyTorch FSDP, the default); "deepspeed-0.3", DeepSpeed v0.3.12-v0.4.0's stage 3 (per-tensor gathers
 # through list collectives, device-wide synchronisation, bucketed gradient allreduce).

@@ -19,10 +19,13 @@ from typing import Any
 
 from dlperf.errors import DlperfError, PlanError
 from dlperf.mathx import divisors as _divisors
-from dlperf.plan import EP_DISPATCHERS, RECOMPUTE_MODULES, Plan, dualpipe_micro_batches_ok
+from dlperf.plan import RECOMPUTE_MODULES, Plan, dualpipe_micro_batches_ok
 
 OBJECTIVES = ("time", "cost")
 STRATEGIES = ("data", "model", "pipeline", "hybrid", "best")
+# Dispatchers a search tries on group-limited MoE models: HybridEP is priced as DeepEP with BF16 dispatch and more
+# SMs held (dlperf.engine.context.HYBRIDEP_SMS), never faster here, so trying it would only lengthen the search.
+SEARCHED_DISPATCHERS = ("alltoall", "deepep")
 DEFAULT_MICRO_CAP = 32  # samples per micro-batch in sweeps: ResNet-50's per-GPU batch in Goyal et al. 2017
 
 
@@ -211,13 +214,13 @@ def objective_value(ev: Any, objective: str, hw: Any) -> float:
 
 def _applicable(space: SearchSpace, model: Any, base: Plan) -> SearchSpace:
     """Fill the options left at None with where they apply. DeepEP is built for group-limited routing across
-    nodes (DeepSeek-V3 Sec. 3.2.2). Partial recomputation is the MLA/MoE recipes' (DeepSeek-V3 Sec. 3.2.3;
-    Megatron-Core's mla_up_proj and moe_act): on other models only `layernorm` applies, freeing one input per MLP,
-    and it is not searched there, to keep the search's time (benchmarks/bench_vs_baseline.py). FP8 caching needs
-    an FP8 recipe."""
+    nodes (DeepSeek-V3 Sec. 3.2.2); HybridEP is not searched (SEARCHED_DISPATCHERS). Partial recomputation is the
+    MLA/MoE recipes' (DeepSeek-V3 Sec. 3.2.3; Megatron-Core's mla_up_proj and moe_act): on other models only
+    `layernorm` applies, freeing one input per MLP, and it is not searched there, to keep the search's time
+    (benchmarks/bench_vs_baseline.py). FP8 caching needs an FP8 recipe."""
     mla_moe = any(layer.op in ("mla", "moe") for layer, _ in model.counted())
     if space.ep_dispatcher is None:
-        space = replace(space, ep_dispatcher=EP_DISPATCHERS if _group_limited(model) else ("alltoall",))
+        space = replace(space, ep_dispatcher=SEARCHED_DISPATCHERS if _group_limited(model) else ("alltoall",))
     if space.recompute_modules is None:
         space = replace(space, recompute_modules=((), RECOMPUTE_MODULES) if mla_moe else ((),))
     if space.fp8_activations is None:

@@ -53,6 +53,21 @@ def test_predict_json_keys(run):
     assert data["throughput_samples_per_s"] == pytest.approx(64 / data["step_time_s"])
 
 
+def test_predict_ep_dispatchers(run):
+    """Each dispatcher is accepted and lands in the plan; HybridEP's BF16 dispatch under an FP8 recipe moves more
+    expert bytes than DeepEP's FP8 one, so its exposed comm/ep is longer."""
+    args = ("predict", "mixtral-8x7b", "dgx-h100", "--gpus", "64", "--tp", "2", "--ep", "8", "--micro-batch", "1",
+            "--global-batch", "64", "--dtype", "fp8", "--zero", "1", "--format", "json")
+    ep = {}
+    for dispatcher in ("deepep", "hybridep"):
+        code, out, _ = run(*args, "--ep-dispatcher", dispatcher)
+        assert code == 0
+        data = json.loads(out)
+        assert data["plan"]["ep_dispatcher"] == dispatcher
+        ep[dispatcher] = data["breakdown_s"]["comm/ep"]
+    assert ep["hybridep"] > ep["deepep"]
+
+
 def test_python_m_and_bad_unit_file(tmp_path):
     hw = tmp_path / "hw.yaml"
     hw.write_text("name: x\ndevice: {name: d, peak_flops: {fp32: 1 TFLOP/s}, memory: 1 GiB, "

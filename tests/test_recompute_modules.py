@@ -1,5 +1,6 @@
-"""Partial recomputation (recompute_modules), FP8 activation caching and the DeepEP dispatcher (DeepSeek-V3,
-arXiv:2412.19437 Sec. 3.2.2, 3.2.3, 3.3.3): invariants, the exact bytes they free, and one-line errors."""
+"""Partial recomputation (recompute_modules), FP8 activation caching, the DeepEP dispatcher (DeepSeek-V3,
+arXiv:2412.19437 Sec. 3.2.2, 3.2.3, 3.3.3) and HybridEP (dlperf.engine.context.HYBRIDEP_SMS): invariants, the
+exact bytes they free, and one-line errors."""
 
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def test_deepep_overlapped_legs_never_slower_all_to_all(model, h800):
     assert deepep < nccl
 
 
-@pytest.mark.parametrize("dispatcher", ["alltoall", "deepep"])
+@pytest.mark.parametrize("dispatcher", ["alltoall", "deepep", "hybridep"])
 def test_more_bandwidth_never_slower(model, h800, dispatcher):
     plan = PLAN.with_(schedule="dualpipe", ep_dispatcher=dispatcher, recompute_modules=RECOMPUTE_MODULES,
                       fp8_activations=True)
@@ -107,6 +108,8 @@ def test_plans_without_the_options_unchanged(model, h800):
     (["--recompute-modules", "layernorm", "--recompute", "full"], "full recomputation"),
     (["--fp8-activations", "--dtype", "bf16"], "--dtype fp8"),
     (["--ep-dispatcher", "deepep", "--ep", "1"], "ep > 1"),
+    (["--ep-dispatcher", "hybridep", "--ep", "1"], "ep > 1"),
+    (["--ep-dispatcher", "hybrid-ep", "--ep", "8"], "--ep-dispatcher"),
 ])
 def test_cli_bad_input_one_line_exit_2(capsys, args, words):
     from dlperf.cli import main
@@ -180,3 +183,53 @@ def test_deepep_exchange_by_hand(model, h800):
     bf16 = ep_exchange(use, 1, 2, 1, _parallel(comm, h800, PLAN.with_(ep_dispatcher="deepep", dtype="bf16")))
     assert bf16 == pytest.approx(2 * max(legs(nbytes)), rel=1e-12)
     assert deepep < bf16 < nccl
+
+
+def test_hybridep_exchange_by_hand(model, h800):
+    """HybridEP: DeepEP's overlapped legs (the longer of IB and NVLink per direction) with BF16 both ways under an
+    FP8 recipe (Megatron-Core has no FP8 dispatch for it), so it is slower than DeepEP's FP8 dispatch and faster
+    than the all-to-all's legs in sequence."""
+    import dlperf.comm as comm
+    from dlperf.engine.context import dispatch_bytes, ep_exchange, nodes_reached
+    from dlperf.engine.layers import Use
+    from dlperf.engine.step import _parallel
+
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    use = Use(layer, 1, False)
+    nbytes = dispatch_bytes(layer, 1, 2, 1, 1)
+    across = comm.collective_time("alltoall", nbytes * nodes_reached(layer, 2) / layer["top_k"],
+                                  comm.Group(2, 8), h800)
+    inside = comm.collective_time("alltoall", nbytes, comm.Group(8, 1), h800)
+    hybridep = ep_exchange(use, 1, 2, 1, _parallel(comm, h800, PLAN.with_(ep_dispatcher="hybridep")))
+    assert hybridep == pytest.approx(2 * max(across, inside), rel=1e-12)
+    deepep = ep_exchange(use, 1, 2, 1, _parallel(comm, h800, PLAN.with_(ep_dispatcher="deepep")))
+    nccl = ep_exchange(use, 1, 2, 1, _parallel(comm, h800, PLAN))
+    assert deepep < hybridep < nccl
+
+
+def test_hybridep_holds_its_32_sms_and_waits_like_deepep(model, h800):
+    """Overlapped, HybridEP's all-to-alls hold the 32 SMs Megatron-Bridge gives them (of H800's 132) where DeepEP
+    holds 20; beyond the tokens it adds only the host-sync gap, as DeepEP, and no NCCL collective."""
+    from dataclasses import replace
+
+    from dlperf.engine.context import Parallel, ep_collectives, ep_dispatch_extra
+    from dlperf.engine.layers import Use
+    from dlperf.engine.step import _ep_contention
+
+    assert _ep_contention(h800, PLAN.with_(ep_dispatcher="hybridep")) == pytest.approx(32 / 132)
+    assert _ep_contention(h800, PLAN.with_(ep_dispatcher="deepep")) == pytest.approx(20 / 132)
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    par = Parallel(ep=16, ep_alltoall=lambda n: 1e-9 * n, ep_allgather=lambda n: 1e-6 * n, sync_gap=3e-5,
+                   ep_dispatcher="hybridep")
+    assert ep_dispatch_extra(Use(layer, 1, False), 1, 1, par) == (3e-5, 0.0)
+    assert ep_collectives(layer, par) == (0, 0)
+    assert ep_collectives(layer, replace(par, ep_dispatcher="alltoall")) != (0, 0)
+
+
+def test_hybridep_dualpipe_slower_than_deepep_in_bf16(model, h800):
+    """Same bytes and legs in BF16 (test_hybridep_exchange_by_hand); overlapped under DualPipe, HybridEP's 32 SMs
+    slow the partner's compute more than DeepEP's 20."""
+    plan = PLAN.with_(schedule="dualpipe", dtype="bf16")
+    deepep = predict(model, h800, plan.with_(ep_dispatcher="deepep"))
+    hybridep = predict(model, h800, plan.with_(ep_dispatcher="hybridep"))
+    assert hybridep.step_time_s > deepep.step_time_s

@@ -96,7 +96,7 @@ def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
 
 def test_builtin_dataset_loads_with_unique_ids_and_known_units():
     rows, pending = load_dataset(), load_pending()
-    assert (len(rows), len(pending)) == (2006, 247)
+    assert (len(rows), len(pending)) == (2067, 186)
     assert len({r.id for r in [*rows, *pending]}) == len(rows) + len(pending)
     assert {r.unit for r in [*rows, *pending]} <= set(UNITS)
     assert all(r.citation for r in [*rows, *pending])
@@ -148,9 +148,9 @@ def test_new_sources_carry_the_published_figures():
     # BigScience tr11 prequel, 'Tweaking TP' (02-25): DP 16, TP 2, PP 12, MBS 2 on 48 nodes at GBS 2048: 112.50 s/it.
     bloom = rows["bloom-prequel-02-25-h14336-l72-a64-dp16-tp2-pp12-mb2-gbs2048"]
     assert (bloom.value, bloom.plan.devices, bloom.sets["layers"]) == (112.50, 384, 72)
+    # the MXFP8 MoE presets of 25.11 on GB200/GB300 run the HybridEP dispatcher, scored as such
+    assert rows["mbridge-2511-qwen3-30b-a3b-gb200-mxfp8"].plan.ep_dispatcher == "hybridep"
     pending = {p.id: p for p in load_pending()}
-    # the MXFP8 MoE presets of 25.11 on GB200/GB300 run the HybridEP dispatcher
-    assert set(pending["mbridge-2511-qwen3-30b-a3b-gb200-mxfp8"].waits_for) == {"hybridep"}
     # torchtitan docs/performance.md Table 2: FSDP 2 x CP 4 at seq 131072 on 8 H100s, 1,071 TPS/GPU.
     cp = pending["torchtitan-t2-8b-fsdp2-cp4"]
     assert (cp.value, cp.plan["cp"], cp.sets["seq"]) == (1071, 4, 131072)
@@ -247,7 +247,8 @@ def test_megatron_bridge_blackwell_and_moe_rows_carry_the_published_figures():
     late = rows["mbridge-2606-llama31-405b-h100-fp8"]
     assert (late.value, late.plan.tp, late.plan.pp, late.plan.cp, late.plan.virtual_stages) == (326, 8, 8, 2, 8)
     assert set(pending["mbridge-2606-llama3-70b-h100-fp8-lora"].waits_for) == {"lora"}
-    assert set(pending["mbridge-2604-qwen3-30b-a3b-h100-fp8"].waits_for) == {"hybridep"}
+    assert rows["mbridge-2604-qwen3-30b-a3b-h100-fp8"].plan.ep_dispatcher == "hybridep"
+    assert "hybridep" not in {w for p in pending.values() for w in p.waits_for}
 
 
 @pytest.mark.parametrize(("old", "new", "message"), BAD)
@@ -663,14 +664,14 @@ def test_every_scored_row_overall_within_10_percent_and_plans_ranked(results):
     # >= 0.9. 9.5% and 0.98 since the host time per launch is priced for each hardware file's CPU (device.host);
     # vTrain's 1,440 one-node rows weigh most (8.0%), and several sources are still over their own bounds (the
     # strict xfails below).
-    assert len(results) == 2006
+    assert len(results) == 2067
     assert mean_abs_error(results) <= 10.0
     assert median_spearman(results) >= 0.9
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "67 published plans (they ran) are predicted not to fit in device memory: Megatron-Bridge 61 of 77 (27 of them "
-    "MXFP8; e.g. Llama "
+    "119 published plans (they ran) are predicted not to fit in device memory: Megatron-Bridge 113 of 138 (74 of "
+    "them MXFP8, 52 of them HybridEP MoE rows; e.g. Llama "
     "3 70B on H100, TP 4 PP 8 VP 5, FP8, micro-batch 1, seq 8192: 86.3 GiB predicted of 80, 54.4 GiB of it "
     "activations; Llama 3.1 405B on GB200, TP 4 PP 16 VP 4, no recomputation: 221 GiB of 173; DeepSeek-V3 "
     "token-drop on B200, PP 16 EP 8: 178 GiB of 168; Llama 3.1 405B on GB300, TP 4 PP 8 VP 4: 265 GiB of 260), "
@@ -870,9 +871,9 @@ def test_megatron_bridge_tolerance_tests_score_the_rows_they_name(results):
     # FP8 19: 8B x 5 (B200 2, GB200 2, GB300 1), 405B x 14 (2, 6, 6); MXFP8 27: 8B x 5 (2, 2, 1), 70B x 9 (GB200 5,
     # GB300 4), 405B x 13 (2, 6, 5)
     assert len(_blackwell_llama3(results)) == 46
-    # FP8 9: Qwen3-30B x 6, Qwen3-235B x 1, DeepSeek-V3 token-drop x 2; MXFP8 8 on B200/GB200 (the other MXFP8 MoE
-    # rows wait for the HybridEP dispatcher)
-    assert len(_new_moe(results)) == 17
+    # FP8 9: Qwen3-30B x 6, Qwen3-235B x 1, DeepSeek-V3 token-drop x 2; MXFP8 8 on B200/GB200; HybridEP 61
+    # (DeepSeek-V3 22, Qwen3-235B 16, Qwen3-30B 23)
+    assert len(_new_moe(results)) == 78
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -890,8 +891,11 @@ def test_megatron_bridge_blackwell_llama3_fp8_rows_within_20_percent(results):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "Megatron-Bridge MoE rows other than DeepSeek-V3 on H100 (17 rows, 8 of them MXFP8 on B200/GB200: Qwen3-30B "
-    "B200 +147%, GB200 +40%, Qwen3-235B B200 +27..+105%, DeepSeek-V3 B200 +28/+50%): all too fast. Qwen3-30B-A3B "
+    "Megatron-Bridge MoE rows other than DeepSeek-V3 on H100 (78 rows). The 61 HybridEP rows (MAE 19.4%, 41 within "
+    "20%): DeepSeek-V3 GB200 +8..+20%, GB300 -6..+13%, B200 +27..+33%; Qwen3-235B GB200 +5..+25%, GB300 +2..+12%; "
+    "Qwen3-30B GB200 +19..+50%, GB300 +13..+25%, B200 +18..+20% and +157% (26.02, the table's MBS 1), H100 FP8 "
+    "-23..-21% (too slow; EP 16 over two nodes). Of the other 17, 8 MXFP8 on B200/GB200: Qwen3-30B "
+    "B200 +147%, GB200 +40%, Qwen3-235B B200 +27..+105%, DeepSeek-V3 B200 +28/+50%: all too fast. Qwen3-30B-A3B "
     "(128 experts of width 768, top-8): H100 dropless with EP overlap (25.11, 26.02, 26.02.01) +211%/+217%/+79%, "
     "H100 token-drop (25.09) +25%, B200/GB200 +26%/+46%; Qwen3-235B-A22B B200 +34%; DeepSeek-V3 token-drop GB200 "
     "+27%, B200 +44% (B200 +30%, +44%, +59% before its GEMMs ran on XLA's B200 table). The published Qwen3-30B "

@@ -17,7 +17,7 @@ from dlperf.commands.common import (
     set_option,
     wrote,
 )
-from dlperf.plan import DTYPES, GRAD_DTYPES
+from dlperf.plan import DTYPES, EP_DISPATCHERS, GRAD_DTYPES
 from dlperf.report import render, to_json
 
 DTYPE_CHOICES = click.Choice(DTYPES)
@@ -73,11 +73,12 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--fp8-activations", is_flag=True,
                      help="With --dtype fp8: cache the Linear inputs inside MLA and MoE layers in FP8 (the "
                           "attention output projection's in E5M6), as DeepSeek-V3 does (Sec. 3.3.3)."),
-        click.option("--ep-dispatcher", type=click.Choice(["alltoall", "deepep"]), default="alltoall",
+        click.option("--ep-dispatcher", type=click.Choice(list(EP_DISPATCHERS)), default="alltoall",
                      show_default=True,
-                     help="Expert token transport: NCCL all-to-alls (BF16, hierarchical legs in sequence) or "
+                     help="Expert token transport: NCCL all-to-alls (BF16, hierarchical legs in sequence), "
                           "DeepEP (FP8 dispatch under --dtype fp8, BF16 combine, IB and NVLink legs overlapped, "
-                          "20 SMs; DeepSeek-V3 Sec. 3.2.2, 3.3.3)."),
+                          "20 SMs; DeepSeek-V3 Sec. 3.2.2, 3.3.3) or HybridEP (DeepEP's hybrid-ep kernels as "
+                          "Megatron-Core runs them: BF16 both ways, legs overlapped, 32 SMs)."),
         click.option("--memory-format", type=click.Choice(["nhwc", "nchw"]), default="nhwc", show_default=True,
                      help="Activation layout of convolutions: nhwc (PyTorch channels_last) or nchw (PyTorch's "
                           "default), where each tensor-core convolution pays cuDNN's NCHW <-> NHWC transposes."),

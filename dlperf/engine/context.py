@@ -37,6 +37,22 @@ ATTENTION_OPS = ("attention", "mla")
 # the MoE down-projections, the backward's dispatch-direction leg), "both the forward and backward combine
 # components" kept in BF16.
 DEEPEP_SMS = 20
+# HybridEP (ep_dispatcher "hybridep"), NVIDIA's kernels in DeepEP's hybrid-ep branch (deepseek-ai/DeepEP @94a9f8f,
+# docs/README_Hybrid-EP.md) as Megatron-Core's flex dispatcher runs them. Priced as DeepEP where it behaves alike:
+# a hierarchical design (RDMA across nodes, NVLink inside through TMA, warp-level pipelined) whose legs overlap as
+# DeepEP's; routing probabilities carried inside the dispatch (HybridEPBuffer.dispatch_with_permute `probs`); the
+# host waits for the received-token count unless the run fixes a static budget (hybrid_ep_buffer.py: "Synchronize
+# the stream ... num_dispatched_tokens_tensor"; Megatron-Core token_dispatcher.py _HybridEPManager, NVIDIA/
+# Megatron-LM @d98e8a64: "HybridEP sizes buffers dynamically (CPU sync in dispatch)" when
+# moe_expert_rank_capacity_factor is unset). Its bandwidth at the recipes' SM count is DeepEP's: on GB200, 8 ranks,
+# 32 SMs, 4096 tokens x 7168 hidden, top-8, the README measures BF16 dispatch 545.71 GB/s and combine 568.94 GB/s
+# through the Torch API against DeepEP's 615.78 and 519.57, so the same all-to-all prices both. It differs in:
+# - precision: BF16 both ways, FP8 recipe or not (Megatron-Core fused_a2a.py init_hybrid_ep_buffer @d98e8a64:
+#   "HybridEP dispatcher does not support fp8 dispatch now");
+# - SMs held: 32 (NVIDIA-NeMo/Megatron-Bridge scripts/performance/utils/overrides.py sets moe_hybridep_num_sms = 32
+#   whenever moe_flex_dispatcher_backend is hybridep, @0a25f911 and the later performance recipes).
+HYBRIDEP_SMS = 32
+DISPATCHER_SMS = {"deepep": DEEPEP_SMS, "hybridep": HYBRIDEP_SMS}
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,7 @@ class Parallel:
     ep_allgather: Callable[[Any], Any] | None = None  # bytes per rank -> seconds, over the ep group
     sync_gap: Any = 0.0                               # device idle seconds after a host sync (ep_dispatch_extra)
     fp8_dispatch: bool = False                        # deepep under an FP8 recipe: dispatch-direction legs in FP8
+                                                      # (hybridep dispatches BF16: HYBRIDEP_SMS)
     cp_alltoall: Callable[[Any], Any] | None = None   # over the cp group (Ulysses)
     cp_send: Callable[[Any], Any] | None = None       # one ring hop
 
@@ -161,7 +178,8 @@ def ep_exchange(use: Use, batch: Any, e: int, tp: int, par: Parallel) -> Any:
     With DeepEP (`par.ep_dispatcher` "deepep", DEEPEP_SMS) the two legs of a hierarchical all-to-all overlap (the
     longer one sets its time), and under an FP8 recipe the dispatch direction carries FP8 values with one FP32
     scale per 128 (dlperf.ops.recompute.FP8_TILED) while the combine direction stays BF16: one leg of each kind
-    per pass, forward and backward alike."""
+    per pass, forward and backward alike. HybridEP (`par.ep_dispatcher` "hybridep", HYBRIDEP_SMS) overlaps its legs
+    the same way and sends BF16 both ways."""
     layer = use.layer
     load = 1 if layer.get("capacity_factor") else expert_load(layer, par)
     nbytes = dispatch_bytes(layer, batch, e, tp, par.cp) * load
@@ -182,7 +200,8 @@ def ep_dispatch_extra(use: Use, batch: Any, tp: int, par: Parallel) -> tuple[Any
       values", `_maybe_dtoh_and_synchronize` at "before_ep_alltoall"): the device runs dry, and the next kernel
       starts only when the host has issued it (`par.sync_gap`). DeepEP's dispatch waits the same way ("the CPU
       will wait for GPU's signal to arrive", deepseek-ai/DeepEP README, normal kernels) but carries the
-      probabilities inside its dispatch and counts in its own notify step, so only the gap applies there.
+      probabilities inside its dispatch and counts in its own notify step, so only the gap applies there; so does
+      HybridEP's (HYBRIDEP_SMS: its host waits for the received-token count).
     Experts padded to capacity have static sizes: no gather and no sync (`drop_and_pad`), the probabilities
     still travel (capacity x E of them)."""
     layer = use.layer
@@ -211,9 +230,9 @@ def ep_collectives(layer: Layer, par: Parallel) -> tuple[int, int]:
 
 def _alltoall(layer: Layer, par: Parallel, nbytes: Any) -> Any:
     """One all-to-all of `nbytes` per rank over the ep group: flat, or in two legs under group-limited routing
-    across nodes (summed; overlapped under DeepEP)."""
+    across nodes (summed; overlapped under DeepEP and HybridEP)."""
     if not (layer.get("top_groups") and par.ep_nodes > 1):
         return par.ep_alltoall(nbytes)
     across = par.ep_alltoall_nodes(nbytes / layer["top_k"] * nodes_reached(layer, par.ep_nodes))
     inside = par.ep_alltoall_node(nbytes)
-    return mathx.maximum(across, inside) if par.ep_dispatcher == "deepep" else across + inside
+    return mathx.maximum(across, inside) if par.ep_dispatcher in DISPATCHER_SMS else across + inside

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from dlperf import mathx
 from dlperf.engine import memory as mem
 from dlperf.engine import zero_impl
-from dlperf.engine.context import DEEPEP_SMS, Parallel
+from dlperf.engine.context import DISPATCHER_SMS, Parallel
 from dlperf.engine.input import input_note, input_wait
 from dlperf.engine.layers import element_bytes, tp_uses
 from dlperf.engine.pipeline import (
@@ -690,9 +690,10 @@ def _replicas(comm: Any, hw: Hardware, plan: Plan, twin: Twin) -> tuple[Any, flo
 
 
 def _ep_contention(hw: Hardware, plan: Plan) -> float:
-    """As `_overlap_contention` for the expert all-to-alls: NCCL's channels, or DeepEP's DEEPEP_SMS."""
-    if plan.ep_dispatcher == "deepep" and hw.device.sms is not None:
-        return min(DEEPEP_SMS / hw.device.sms, 1.0)
+    """As `_overlap_contention` for the expert all-to-alls: NCCL's channels, or the SMs DeepEP or HybridEP holds
+    (context.DISPATCHER_SMS)."""
+    if plan.ep_dispatcher in DISPATCHER_SMS and hw.device.sms is not None:
+        return min(DISPATCHER_SMS[plan.ep_dispatcher] / hw.device.sms, 1.0)
     return _overlap_contention(hw, plan.tp * plan.ep)  # the ep group's span (`_parallel`)
 
 
