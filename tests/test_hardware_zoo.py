@@ -170,7 +170,8 @@ BUSBW = [
     ("dgx1-v100", 1, 48.0 / 4),  # 48 GB/s over 4 EDR NICs, NVIDIA/nccl-tests#29
     ("h800", 0, 160.0),  # DeepSeek-V3 report section 3.2.2: "NVLink offers a bandwidth of 160 GB/s"
     ("dgx-b200", 0, 18 * 40.1),  # NCCL SM100_NVLINK_BW 40.1 GB/s per link (NVIDIA/nccl#1807)
-    ("gb200-nvl72", 0, 18 * 40.1),
+    ("gb200-nvl72", 0, 679.61),  # NCCL_ALGO=Ring, 4 GB200, 8 GB: Azure ND_GB200_v6_results.md @2a370be6
+    ("dgx-gb300", 0, 679.61),  # GB200's, carried over (same NVLink 5 links and switch trays)
     ("mi300x", 0, 7 * 48.0),  # ~48 GB/s usable per xGMI link (AMD ROCm blog)
 ]
 

@@ -270,7 +270,7 @@ class NetworkLevel:
     # by link_kind(): the innermost level is NVLink unless its name says PCIe, every outer level is NET.
     link: str | None = None
     # Measured NVLink SHARP (NCCL_ALGO=NVLS) all-reduce bus bandwidth inside one domain of this level, B/s;
-    # None = the switch has no NVLS (only H100/H200-class NVSwitch does).
+    # None = the switch has no NVLS (H100/H200-class NVSwitch and Blackwell's NVLink 5 switches have it).
     nvls_bandwidth: float | None = None
 
 
