@@ -69,12 +69,22 @@ def _linear_check(shape: tuple, a: dict) -> None:
         raise ShapeError("linear input width does not match", expected=f"in = {a['in']}", found=shape[-1])
 
 
+def _linear_saved(layer: Layer, e: int) -> Any:
+    """The input, for the weight gradient; nothing with `fused_input`: the layer is one GEMM with the linear
+    before it on a sibling branch, over the same input, which that one keeps for both. Megatron-Core computes a
+    gated MLP's gate and up projections as one linear_fc1 of twice the width (megatron/core/transformer/mlp.py
+    @d98e8a64, `ffn_hidden_size *= 2` if gated_linear_unit), whose Transformer Engine module saves its input
+    once (ln_out in LayerNormLinear, transformer_engine/pytorch/module/layernorm_linear.py @d0067d0d)."""
+    return 0 if layer["fused_input"] else e * numel(layer.in_shape)
+
+
 LINEAR = OpRule(
-    attrs={"out": REQUIRED, "in": None, "bias": True, "tied": False},
+    attrs={"out": REQUIRED, "in": None, "bias": True, "tied": False, "fused_input": False},
     check=_linear_check,
     shape=lambda s, a: (*s[:-1], a["out"]),
     params=_linear_params,
     kernels=_linear_kernels,
+    saved=_linear_saved,
     asymptotic=_fc_asymptotic,
     tp="linear",
 )

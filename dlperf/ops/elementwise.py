@@ -22,13 +22,24 @@ def _n(layer: Layer, batch: Any) -> Any:
     return batch * numel(layer.in_shape)
 
 
+def _activation_saved(layer: Layer, e: int) -> Any:
+    """The activation's input, which its backward reads. With `fused_glu` the activation is the gate of a fused
+    gated-linear-unit kernel: Megatron-Core's bias_swiglu_impl (SwiGLUFunction, megatron/core/fusions/
+    fused_bias_swiglu.py @d98e8a64, line 235: ctx.save_for_backward(input)) keeps only its input [gate; up]
+    and recomputes the activation in backward. The multiply merge after it keeps both its factors (the
+    activation's output and the up half): they stand for that input, the gate half in the place of the
+    activation's output of the same size, so the activation adds nothing of its own."""
+    return 0 if layer["fused_glu"] else e * numel(layer.in_shape)
+
+
 def _activation(op: str) -> OpRule:
     fwd, bwd = ACTIVATION_FLOPS[op]
     return OpRule(
-        attrs={},
+        attrs={"fused_glu": False},
         shape=lambda s, a: s,
         kernels=lambda layer, b, e: (elementwise_kernel(op, _n(layer, b), e, fwd, bwd,
                                                         cls="transcendental" if op in TRANSCENDENTAL else "memory"),),
+        saved=_activation_saved,
         asymptotic=lambda layer, b: (_n(layer, b), 1),  # Table 4: O(NCHW), O(1)
     )
 

@@ -123,7 +123,8 @@ def _cast_kernel(name: str, activation: Any, gradient: Any, e: int, b: float = F
 
 
 def saved_bytes(layer: Layer, saved: Any, e: int, recipe: str = "fp8") -> Any:
-    """A linear layer keeps the FP8 cast of its input for the weight-gradient GEMM instead of the bf16 input."""
-    if layer.op != "linear":
+    """A linear layer keeps the FP8 cast of its input for the weight-gradient GEMM instead of the bf16 input (one
+    that shares its sibling's input, `fused_input`, keeps none)."""
+    if layer.op != "linear" or layer["fused_input"]:
         return saved
     return saved - (e - OPERAND_BYTES[recipe]) * numel(layer.in_shape)

@@ -136,8 +136,11 @@ def _moe(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recompu
 
 def _linear(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recomputed: bool) -> Any:
     """A linear layer keeps its input (in FP8 under an FP8 recipe already, dlperf.ops.fp8.saved_bytes): a norm's
-    output rebuilt in backward is not kept. `fp8` adds nothing: an FP8 recipe's linear input is already FP8."""
-    return numel(layer.in_shape) * (FP8 if fp8 else e) if input_recomputed else 0
+    output rebuilt in backward is not kept. `fp8` adds nothing: an FP8 recipe's linear input is already FP8. A
+    linear that keeps no input of its own (`fused_input`) frees nothing."""
+    if not input_recomputed or layer["fused_input"]:
+        return 0
+    return numel(layer.in_shape) * (FP8 if fp8 else e)
 
 
 _RULES = {"mla": _mla, "moe": _moe, "linear": _linear}

@@ -1,0 +1,67 @@
+"""Activations a transformer layer keeps for backward, pinned analytically per token.
+
+Llama (Megatron-Core + Transformer Engine, what Megatron-Bridge runs): TE's LayerNormLinear keeps the norm's
+input and its output (ln_out, quantized under FP8: one value byte, plus 1/32 scale byte under MXFP8), the fused
+attention keeps Q, K, V, its output and the fp32 softmax statistics, the fused SwiGLU only its input [gate; up],
+and linear_fc2 its FP8 input. GPT (Megatron-LM, Korthikanti et al. 2022 Table 2): 34 sbh + 5 a s^2 b bytes per
+layer in 16-bit, which dlperf's Korthikanti-checked rows rely on.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dlperf.ops import OPS
+from dlperf.ops.fp8 import OPERAND_BYTES, saved_bytes
+from dlperf.spec.model import load_model, walk
+
+H, F, HEADS, KV, HD, SEQ = 8192, 28672, 64, 8, 128, 8192  # Llama 3 70B (models/llama3-70b.yaml)
+
+
+def _layer_saved_per_token(model_name: str, dtype: str | None = None, **sets: object) -> float:
+    """Bytes one decoder layer keeps per token (per sample, divided by the sequence length)."""
+    model = load_model(model_name, {"seq": SEQ, **sets})
+    block = next(item for item in model.root.items if getattr(item, "repeat", 1) > 1)
+    e = 2
+    total = 0
+    for layer, _ in walk(block, 1):
+        saved = OPS[layer.op].saved(layer, e)
+        total += saved_bytes(layer, saved, e, dtype) if dtype and layer.op == "linear" else saved
+    return float(total) / SEQ
+
+
+def _llama_attention_half(ln_out: float) -> float:
+    """Norm input (bf16 h), the QKV GEMM's input `ln_out`, Q (h), K and V (kv heads), O (h), fp32 LSE per head.
+    dlperf files the QKV input under the attention op in 16-bit (the fp8 rule reaches linear layers only)."""
+    return 2 * H + ln_out + 2 * H + 2 * 2 * KV * HD + 2 * H + 4 * HEADS
+
+
+def test_llama_layer_megatron_core_bf16():
+    # MLP: norm input 2h, fc1 input (one copy for gate and up) 2h, fused SwiGLU input 2 x 2f, fc2 input 2f
+    mlp = 2 * H + 2 * H + 2 * 2 * F + 2 * F
+    assert _layer_saved_per_token("llama3-70b") == _llama_attention_half(2 * H) + mlp
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp8"])
+def test_llama_layer_megatron_core_fp8(recipe):
+    b = OPERAND_BYTES[recipe]
+    mlp = 2 * H + b * H + 2 * 2 * F + b * F  # ln_out and fc2's input quantized (TE Linear, columnwise only)
+    assert _layer_saved_per_token("llama3-70b", recipe) == pytest.approx(_llama_attention_half(2 * H) + mlp)
+
+
+def test_llama_layer_unfused_swiglu_keeps_gate_activation_and_both_inputs():
+    """torchtitan / Hugging Face: silu(w1 x) * (w3 x) as autograd ops keeps w1 x (silu), silu's output and w3 x
+    (the product), and w1 and w3 each save their input: 2f and 2h more bytes than Megatron-Core's fused MLP."""
+    fused = _layer_saved_per_token("llama3-70b")
+    assert _layer_saved_per_token("llama3-70b", fused_swiglu=False) == fused + 2 * F + 2 * H
+
+
+def test_gpt_layer_keeps_korthikanti_table_2():
+    """Korthikanti et al. 2022 eq. (1): sbh (34 + 5 a s / h) bytes per layer, 16-bit with dropout masks."""
+    h, a, s = 12288, 96, 2048
+    model = load_model("gpt", {"seq": s})
+    block = next(item for item in model.root.items if getattr(item, "repeat", 1) > 1)
+    total = sum(OPS[layer.op].saved(layer, 2) for layer, _ in walk(block, 1))
+    # two LayerNorm inputs 4sbh, attention 10sbh + 5as^2b with its dropout mask sbh, MLP 2 + 8 + 8 sbh and its
+    # dropout mask sbh (Table 2's terms; unfused attention, so no log-sum-exp)
+    assert total == s * h * 34 + 5 * a * s * s
