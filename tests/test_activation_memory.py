@@ -65,3 +65,22 @@ def test_gpt_layer_keeps_korthikanti_table_2():
     # two LayerNorm inputs 4sbh, attention 10sbh + 5as^2b with its dropout mask sbh, MLP 2 + 8 + 8 sbh and its
     # dropout mask sbh (Table 2's terms; unfused attention, so no log-sum-exp)
     assert total == s * h * 34 + 5 * a * s * s
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp8"])
+def test_fp8_param_gather_keeps_no_16_bit_weights(recipe):
+    """Megatron-Core's fp8_param_gather makes the FP8 (MXFP8: row- and column-wise) copies the weights: per
+    parameter 2 (bf16 grads) + 12 / dp (fp32 master, moments; ZeRO 1) + 2 x operand bytes, no 2-byte weight."""
+    from dlperf.engine.step import StepModel
+    from dlperf.plan import Plan
+    from dlperf.spec.hardware import load_hardware
+
+    model, hw = load_model("llama3-8b", {"layers": 2, "seq": 1024}), load_hardware("dgx-b200")
+    plan = Plan(devices=8, global_batch=8, zero=1, dtype=recipe)
+    plain = StepModel(model, hw).predict(plan).memory
+    gathered = StepModel(model, hw).predict(plan.with_(fp8_param_gather=True)).memory
+    assert plain["weights"] == pytest.approx(2 * model.total_params)
+    assert gathered["weights"] == 0
+    assert gathered["fp8_weights"] == plain["fp8_weights"] == pytest.approx(
+        2 * OPERAND_BYTES[recipe] * model.total_params)
+    assert gathered["activations"] == plain["activations"]

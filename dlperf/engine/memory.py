@@ -35,12 +35,19 @@ def model_state_bytes(params: Any, plan: Plan, dtype: str) -> dict[str, Any]:
     """Weights, gradients and optimizer state per device. An FP8 recipe (Micikevicius et al. 2022, section 3:
     master weights and optimizer in higher precision) keeps bf16 weights and gradients, fp32 master weights and
     moments as mixed precision does, plus the cached FP8 copy of each weight and its transpose (dlperf.ops.fp8):
-    2 + 2 + 12 + 2 = 18 bytes per parameter with Adam, against 16 for bf16."""
+    2 + 2 + 12 + 2 = 18 bytes per parameter with Adam, against 16 for bf16. With `fp8_param_gather` the FP8
+    copies are the model's weights, and no 16-bit weight is kept: Megatron-Core's "keep the compute param in fp8
+    (do not use any other intermediate dtype)" (DistributedDataParallelConfig.fp8_param_gather,
+    megatron/core/distributed/distributed_data_parallel_config.py @d98e8a64, lines 78-80: the layers are built
+    under Transformer Engine's fp8_model_init when config.fp8_param, megatron/core/fp8_utils.py lines 848 and
+    881, which Megatron-Bridge keeps equal to fp8_param_gather, training/mixed_precision.py @0a25f911 lines
+    79-85), the fp32 master weights living in the optimizer: 2 + 12 + 2 = 16 bytes."""
     weight, grad = _weight_and_grad_bytes(plan, dtype)
     dp = plan.data_parallel
     shard = {k: (dp if plan.zero >= level else 1) for k, level in (("opt", 1), ("grad", 2), ("weight", 3))}
+    fp8_params = is_recipe(dtype) and plan.fp8_param_gather
     states = {
-        "weights": params * weight / shard["weight"],
+        "weights": 0 if fp8_params else params * weight / shard["weight"],
         "gradients": params * grad / shard["grad"],
         "optimizer": params * optimizer_bytes(plan.optimizer, dtype) / shard["opt"],
     }
