@@ -26,27 +26,27 @@ def _layer_saved_per_token(model_name: str, dtype: str | None = None, **sets: ob
     total = 0
     for layer, _ in walk(block, 1):
         saved = OPS[layer.op].saved(layer, e)
-        total += saved_bytes(layer, saved, e, dtype) if dtype and layer.op == "linear" else saved
+        total += saved_bytes(layer, saved, e, dtype) if dtype else saved
     return float(total) / SEQ
 
 
 def _llama_attention_half(ln_out: float) -> float:
-    """Norm input (bf16 h), the QKV GEMM's input `ln_out`, Q (h), K and V (kv heads), O (h), fp32 LSE per head.
-    dlperf files the QKV input under the attention op in 16-bit (the fp8 rule reaches linear layers only)."""
-    return 2 * H + ln_out + 2 * H + 2 * 2 * KV * HD + 2 * H + 4 * HEADS
+    """Norm input (bf16 h), the QKV GEMM's input `ln_out` (bytes per element), Q (h), K and V (kv heads), O
+    (h, kept once in bf16: Megatron-Core's linear_proj saves the fused kernel's own output), fp32 LSE per head."""
+    return 2 * H + ln_out * H + 2 * H + 2 * 2 * KV * HD + 2 * H + 4 * HEADS
 
 
 def test_llama_layer_megatron_core_bf16():
     # MLP: norm input 2h, fc1 input (one copy for gate and up) 2h, fused SwiGLU input 2 x 2f, fc2 input 2f
     mlp = 2 * H + 2 * H + 2 * 2 * F + 2 * F
-    assert _layer_saved_per_token("llama3-70b") == _llama_attention_half(2 * H) + mlp
+    assert _layer_saved_per_token("llama3-70b") == _llama_attention_half(2) + mlp
 
 
 @pytest.mark.parametrize("recipe", ["fp8", "mxfp8"])
 def test_llama_layer_megatron_core_fp8(recipe):
     b = OPERAND_BYTES[recipe]
     mlp = 2 * H + b * H + 2 * 2 * F + b * F  # ln_out and fc2's input quantized (TE Linear, columnwise only)
-    assert _layer_saved_per_token("llama3-70b", recipe) == pytest.approx(_llama_attention_half(2 * H) + mlp)
+    assert _layer_saved_per_token("llama3-70b", recipe) == pytest.approx(_llama_attention_half(b) + mlp)
 
 
 def test_llama_layer_unfused_swiglu_keeps_gate_activation_and_both_inputs():
@@ -84,3 +84,15 @@ def test_fp8_param_gather_keeps_no_16_bit_weights(recipe):
     assert gathered["fp8_weights"] == plain["fp8_weights"] == pytest.approx(
         2 * OPERAND_BYTES[recipe] * model.total_params)
     assert gathered["activations"] == plain["activations"]
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp8"])
+def test_moe_layer_fp8_keeps_expert_gemm_inputs_quantized(recipe):
+    """Qwen3-30B-A3B's MoE layer per token: router input 2d and fp32 probabilities over 128 experts, per routed
+    copy (top 8) the permuted token in FP8 (experts' fc1 input), the SwiGLU input 2 x 2f, the activation output
+    in FP8 (fc2's input) and the expert output 2d (the combine's input)."""
+    b, d, f, k, experts = OPERAND_BYTES[recipe], 2048, 768, 8, 128
+    model = load_model("qwen3-30b-a3b", {"seq": 4096})
+    moe = next(layer for layer, _ in model.layers() if layer.op == "moe")
+    kept = saved_bytes(moe, OPS["moe"].saved(moe, 2), 2, recipe) / 4096
+    assert kept == pytest.approx(2 * d + 4 * experts + k * (b * d + 2 * 2 * f + b * f + 2 * d))

@@ -24,7 +24,7 @@ from dlperf.ops import OPS
 from dlperf.ops.base import Kernel
 from dlperf.ops.conv import TENSOR_CORE_DTYPES, algorithm_kernel, applicable, layout_transpose_kernel
 from dlperf.ops.dense import quadratic_attention_bytes, softmax_for_rank
-from dlperf.ops.fp8 import fp8_kernels, is_recipe, kernel_dtype, storage_dtype
+from dlperf.ops.fp8 import OPERAND_BYTES, fp8_kernels, is_recipe, kernel_dtype, storage_dtype
 from dlperf.ops.fp8 import saved_bytes as fp8_saved_bytes
 from dlperf.ops.moe import moe_kernels
 from dlperf.ops.recompute import ActivationPolicy, freed_bytes, rerun_kernels, reruns
@@ -226,7 +226,8 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
             saved = saved - quadratic_attention_bytes(use.layer, e) * batch / tp
         if acts.active:
             cache = in_fp8 if use.layer.op == "linear" else in_fp8 and acts.fp8_cache
-            freed = freed_bytes(use.layer, e, acts.modules, cache, use.layer in acts.after_norm)
+            freed = freed_bytes(use.layer, e, acts.modules, cache, use.layer in acts.after_norm,
+                                OPERAND_BYTES[dtype] if in_fp8 else None)
             saved = saved - freed * batch / divisor
         saved = use.count * (saved / par.cp if par.cp > 1 else saved)
         out.saved_bytes = out.saved_bytes + saved

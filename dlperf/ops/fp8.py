@@ -123,8 +123,35 @@ def _cast_kernel(name: str, activation: Any, gradient: Any, e: int, b: float = F
 
 
 def saved_bytes(layer: Layer, saved: Any, e: int, recipe: str = "fp8") -> Any:
-    """A linear layer keeps the FP8 cast of its input for the weight-gradient GEMM instead of the bf16 input (one
-    that shares its sibling's input, `fused_input`, keeps none)."""
-    if layer.op != "linear" or layer["fused_input"]:
-        return saved
-    return saved - (e - OPERAND_BYTES[recipe]) * numel(layer.in_shape)
+    """What an FP8 recipe changes in the layer's `saved` bytes: a weight GEMM keeps the FP8 cast of its input
+    for the weight-gradient GEMM instead of the 16-bit tensor. Transformer Engine's Linear and LayerNormLinear
+    save their quantized input, column-wise usage only (transformer_engine/pytorch/module/linear.py @d0067d0d,
+    lines 600-621; layernorm_linear.py lines 477-487 and 526-536), GroupedLinear likewise (grouped_linear.py
+    lines 537-548). A linear layer keeps that cast of its input (one sharing its sibling's input,
+    `fused_input`, keeps none); attention and MoE layers as below."""
+    b = OPERAND_BYTES[recipe]
+    if layer.op == "linear" and not layer["fused_input"]:
+        return saved - (e - b) * numel(layer.in_shape)
+    if layer.op == "attention":
+        return saved - (e - b) * numel(layer.in_shape)
+    if layer.op == "moe":
+        return saved - (e - b) * moe_gemm_inputs(layer)
+    return saved
+
+
+# Attention: the QKV projection (TE LayerNormLinear) keeps its input, the norm's output, in FP8. The output
+# projection's input O stays 16-bit and is kept once: the fused kernel saves O itself (TE FusedAttnFunc saves q, k,
+# v, out and the softmax statistics, attention/dot_product_attention/backends.py @d0067d0d lines 1630-1664), and
+# Megatron-Core sets linear_proj to save that original tensor rather than a second, quantized copy for FP8 recipes
+# other than delayed scaling (megatron/core/transformer/attention.py @d98e8a64 lines 428-444, TE >= 2.6; the
+# Megatron-Bridge recipes run current scaling or MXFP8). Likewise the shared experts' fc1 keeps the router's
+# 16-bit input (moe/shared_experts.py lines 150-161), so only the routed GEMM inputs below change.
+
+
+def moe_gemm_inputs(layer: Layer) -> Any:
+    """Elements per sample of the MoE layer's kept GEMM inputs that an FP8 recipe keeps in FP8 where _moe_saved
+    counts them 16-bit: each routed copy's permuted token (the experts' fc1 input) and activation output (fc2's
+    input), and the shared experts' activation output (their fc2 input). Megatron-Core's experts are TE
+    GroupedLinear modules; the SwiGLU input, the router input and the expert outputs stay 16-bit."""
+    tokens, d, k = numel(layer.in_shape[:-1]), layer.in_shape[-1], layer["top_k"]
+    return tokens * (k * (d + layer["ffn"]) + layer["shared_experts"] * (layer["shared_ffn"] or layer["ffn"]))

@@ -92,17 +92,22 @@ def reruns(rerun: frozenset[str], kernel: str) -> bool:
     return "*" in rerun or kernel in rerun
 
 
-def freed_bytes(layer: Layer, e: int, modules: frozenset[str], fp8: bool, after_norm: bool) -> Any:
+def freed_bytes(layer: Layer, e: int, modules: frozenset[str], fp8: bool, after_norm: bool,
+                operand: float | None = None) -> Any:
     """Bytes per sample the layer no longer keeps: outputs of recomputed modules, and with `fp8` its Linear
     inputs held in FP8 (with their tile scales) instead of `e` bytes. `after_norm`: the layer's input is a norm's
-    output."""
+    output. `operand`: the bytes per element at which the layer's FP8 recipe already keeps its GEMM inputs
+    (dlperf.ops.fp8.saved_bytes; None outside a recipe, where they are kept at `e`)."""
     rule = _RULES.get(layer.op)
-    return 0 if rule is None else rule(layer, e, modules, fp8, "layernorm" in modules and after_norm)
+    if rule is None:
+        return 0
+    return rule(layer, e, modules, fp8, "layernorm" in modules and after_norm, operand or e)
 
 
-def _mla(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recomputed: bool) -> Any:
+def _mla(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recomputed: bool, kept: float) -> Any:
     """_mla_saved keeps, per token: input d, latents (q, kv and the rope key), per-head Q, K, V, the output
-    projection's input O, and the log-sum-exp. Up-projection recompute rebuilds Q, K, V from the latents."""
+    projection's input O, and the log-sum-exp. Up-projection recompute rebuilds Q, K, V from the latents. An FP8
+    recipe leaves those 16-bit (`kept` unused)."""
     s, d, h = layer.in_shape[-2], layer.in_shape[-1], layer["heads"]
     qd, vd = layer["qk_nope_head_dim"] + layer["qk_rope_head_dim"], layer["v_head_dim"]
     linear_latents = (layer["q_lora_rank"] or 0) + layer["kv_lora_rank"]  # inputs of q_up and kv_up
@@ -116,31 +121,35 @@ def _mla(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recompu
     return s * freed
 
 
-def _moe(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recomputed: bool) -> Any:
+def _moe(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recomputed: bool, kept: float) -> Any:
     """_moe_saved keeps, per token: input d (router), fp32 router probabilities, per routed copy the permuted
     token d, the expert's gate/up output (SwiGLU input: 2f, or f ungated), its activation f (the down
     projection's input) and its output d; the shared experts' gate/up and activation. The router input stays
-    16-bit (Sec. 3.3.1: gating in original precision), as do the experts' outputs (the combine's input)."""
+    16-bit (Sec. 3.3.1: gating in original precision), as do the experts' outputs (the combine's input). The
+    GEMM inputs (permuted token, activations) are held at `kept` bytes (an FP8 recipe's, dlperf.ops.fp8
+    moe_gemm_inputs), the rest at `e`: FP8 caching moves both to FP8 with tile scales."""
     s, d, k, f = numel(layer.in_shape[:-1]), layer.in_shape[-1], layer["top_k"], layer["ffn"]
     width = layer["shared_experts"] * (layer["shared_ffn"] or layer["ffn"])
     act_in = 2 if layer["gated"] else 1
     act_recomputed = "moe_act" in modules
     freed = e * d if input_recomputed else 0
     if act_recomputed:
-        freed += e * (k * f + width)
+        freed += kept * (k * f + width)
     if fp8:
         kept_act = 0 if act_recomputed else 1
-        freed += (e - FP8_TILED) * (k * (d + (act_in + kept_act) * f) + (act_in + kept_act) * width)
+        freed += (e - FP8_TILED) * act_in * (k * f + width)
+        freed += (kept - FP8_TILED) * (k * (d + kept_act * f) + kept_act * width)
     return s * freed
 
 
-def _linear(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recomputed: bool) -> Any:
-    """A linear layer keeps its input (in FP8 under an FP8 recipe already, dlperf.ops.fp8.saved_bytes): a norm's
-    output rebuilt in backward is not kept. `fp8` adds nothing: an FP8 recipe's linear input is already FP8. A
-    linear that keeps no input of its own (`fused_input`) frees nothing."""
+def _linear(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recomputed: bool, kept: float) -> Any:
+    """A linear layer keeps its input (at `kept` bytes: in FP8 under an FP8 recipe already,
+    dlperf.ops.fp8.saved_bytes): a norm's output rebuilt in backward is not kept. `fp8` adds nothing: an FP8
+    recipe's linear input is already FP8. A linear that keeps no input of its own (`fused_input`) frees
+    nothing."""
     if not input_recomputed or layer["fused_input"]:
         return 0
-    return numel(layer.in_shape) * (FP8 if fp8 else e)
+    return numel(layer.in_shape) * kept
 
 
 _RULES = {"mla": _mla, "moe": _moe, "linear": _linear}
