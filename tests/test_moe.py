@@ -381,7 +381,9 @@ def test_ep_overlap_hides_alltoalls_behind_the_paired_pass():
                                                                 + max(slow.ep_comm_bwd - slow.forward, 0)))
     assert hidden.breakdown_s["comm/ep"] == pytest.approx(expected, rel=1e-12)
     assert hidden.step_time_s < plain.step_time_s
-    assert hidden.memory["activations"] > plain.memory["activations"]  # the paired micro-batch's activations
+    # the paired micro-batch's layers fill as the other's empty: one layer more (Megatron-Core combined 1F1B)
+    layers = 32
+    assert hidden.memory["activations"] == pytest.approx(plain.memory["activations"] * (1 + 1 / layers), rel=1e-12)
 
 
 @pytest.mark.parametrize(("changes", "message"), [

@@ -164,6 +164,17 @@ def _stage_in_flight(plan: Plan, stage: int, first: Any) -> Any:
     return mathx.minimum(first, plan.pp - stage)
 
 
+def paired_layer(model: Model, plan: Plan) -> float:
+    """Micro-batches' worth of a stage's activations that Megatron-Core's combined 1F1B (`ep_overlap`) holds beyond
+    the schedule's own count: one layer. It runs micro-batch i+1's forward through layer j beside micro-batch i's
+    backward through layer L-1-j ("Phase 1: forward_layer[0] + backward_layer[3]", TransformerModelChunkSchedulePlan
+    .run, megatron/core/models/common/model_chunk_schedule_plan.py @d98e8a64, lines 509-575; the first forward and
+    the last backward alone, combined_1f1b.py lines 51-65), so as one micro-batch's layers fill the other's empty:
+    j+1 + L-j layers at once, one micro-batch and one layer. A layer is taken as the stage's activations over
+    its blocks."""
+    return 1 / max(_blocks_in_stage(model, plan), 1)
+
+
 def _blocks(model: Model) -> list[Any]:
     from dlperf.spec.model import Seq
 

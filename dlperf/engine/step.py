@@ -325,7 +325,8 @@ class StepModel:
             "comm/dp_allreduce": step - compute if plan.consistency != "sync" else dp_exposed,
             "optimizer": optimizer,
         }
-        flight = in_flight(plan.schedule, m, plan.pp, v) + (1 if plan.ep_overlap else 0)  # the paired micro-batch
+        flight = in_flight(plan.schedule, m, plan.pp, v) + (mem.paired_layer(self.model, plan) if plan.ep_overlap
+                                                            else 0)
         memory = mem.per_device(self.model, self.hw, plan, stages, dtype, flight) if with_memory else {}
         return step + optimizer, breakdown, memory, slow, dtype, staleness
 
