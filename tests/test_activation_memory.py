@@ -88,11 +88,14 @@ def test_fp8_param_gather_keeps_no_16_bit_weights(recipe):
 
 @pytest.mark.parametrize("recipe", ["fp8", "mxfp8"])
 def test_moe_layer_fp8_keeps_expert_gemm_inputs_quantized(recipe):
-    """Qwen3-30B-A3B's MoE layer per token: router input 2d and fp32 probabilities over 128 experts, per routed
-    copy (top 8) the permuted token in FP8 (experts' fc1 input), the SwiGLU input 2 x 2f, the activation output
-    in FP8 (fc2's input) and the expert output 2d (the combine's input)."""
+    """Qwen3-30B-A3B's MoE layer per token (Megatron-Core's TEGroupedMLP): router input 2d and fp32
+    probabilities over 128 experts, per routed copy (top 8) the permuted token in FP8 (experts' fc1 input), the
+    SwiGLU input 2 x 2f with the copy's fp32 routing weight, the activation output in FP8 (fc2's input). Where
+    the combine weighs the outputs instead (probs_in_expert false), each copy's 2d output is kept."""
     b, d, f, k, experts = OPERAND_BYTES[recipe], 2048, 768, 8, 128
-    model = load_model("qwen3-30b-a3b", {"seq": 4096})
-    moe = next(layer for layer, _ in model.layers() if layer.op == "moe")
-    kept = saved_bytes(moe, OPS["moe"].saved(moe, 2), 2, recipe) / 4096
-    assert kept == pytest.approx(2 * d + 4 * experts + k * (b * d + 2 * 2 * f + b * f + 2 * d))
+    common = 2 * d + 4 * experts + k * (b * d + 2 * 2 * f + b * f)
+    for in_expert, combine in ((True, 4), (False, 2 * d)):
+        model = load_model("qwen3-30b-a3b", {"seq": 4096, "probs_in_expert": in_expert})
+        moe = next(layer for layer, _ in model.layers() if layer.op == "moe")
+        kept = saved_bytes(moe, OPS["moe"].saved(moe, 2), 2, recipe) / 4096
+        assert kept == pytest.approx(common + k * combine)

@@ -226,10 +226,17 @@ def dispatch_elements(layer: Layer, capacity: float = 1.0) -> Any:
 
 def _moe_saved(layer: Layer, e: int) -> Any:
     """Kept for backward: the input (router and permutation), fp32 router probabilities, the permuted tokens,
-    the experts' gate/up outputs and activation, their outputs before the combine; shared experts likewise."""
+    the experts' gate/up outputs and activation, their outputs before the combine (which weighs them by the
+    routing probabilities); shared experts likewise. With `probs_in_expert` the experts' activation applies the
+    probabilities instead and keeps each copy's fp32 weight, and the combine keeps nothing: Megatron-Core's
+    TEGroupedMLP calls weighted_bias_swiglu_impl(intermediate, bias, permuted_probs) (megatron/core/transformer/
+    moe/experts.py @d98e8a64, lines 943-970; WeightedSwiGLUFunction saves its input and the weights,
+    fusions/fused_bias_swiglu.py lines 266-270), and its alltoall and flex dispatchers unpermute without probs
+    (moe/token_dispatcher.py lines 891-899 and 1460-1466)."""
     s, d, k, f = numel(layer.in_shape[:-1]), layer.in_shape[-1], layer["top_k"], layer["ffn"]
     inner = 3 * f if layer["gated"] else 2 * f
-    routed = e * s * k * (d + inner + d)
+    combine = ROUTER_BYTES / e if layer["probs_in_expert"] else d  # per copy: its weight, or its output
+    routed = e * s * k * (d + inner + combine)
     shared = e * s * (3 if layer["gated"] else 2) * _shared_width(layer)
     return e * s * d + ROUTER_BYTES * s * layer["experts"] + routed + shared
 
@@ -249,7 +256,7 @@ def _moe_check(shape: tuple, a: dict) -> None:
 MOE = OpRule(
     attrs={"experts": REQUIRED, "top_k": REQUIRED, "ffn": REQUIRED, "shared_experts": 0, "shared_ffn": None,
            "gated": True, "capacity_factor": None, "router_bias": False, "shared_gate": False, "groups": None,
-           "top_groups": None},
+           "top_groups": None, "probs_in_expert": False},
     shape=lambda s, a: s,
     params=_moe_params,
     kernels=moe_kernels,
