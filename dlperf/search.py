@@ -23,8 +23,9 @@ from dlperf.plan import RECOMPUTE_MODULES, Plan, dualpipe_micro_batches_ok
 
 OBJECTIVES = ("time", "cost")
 STRATEGIES = ("data", "model", "pipeline", "hybrid", "best")
-# Dispatchers a search tries on group-limited MoE models: HybridEP is priced as DeepEP with BF16 dispatch and more
-# SMs held (dlperf.engine.context.HYBRIDEP_SMS), never faster here, so trying it would only lengthen the search.
+# Dispatchers a search tries on group-limited MoE models. HybridEP is left out to keep the search's time: on the NCCL
+# model it is DeepEP with BF16 dispatch and more SMs held (dlperf.engine.context.HYBRIDEP_SMS), never faster; where
+# its published bandwidths price it (GB200, B200: dlperf.comm.ep_kernels) it can be, and --ep-dispatcher compares.
 SEARCHED_DISPATCHERS = ("alltoall", "deepep")
 DEFAULT_MICRO_CAP = 32  # samples per micro-batch in sweeps: ResNet-50's per-GPU batch in Goyal et al. 2017
 

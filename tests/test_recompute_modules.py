@@ -159,13 +159,19 @@ def test_search_tries_the_options_only_where_they_apply(model, h800):
 
 
 def test_deepep_exchange_by_hand(model, h800):
-    """One MoE layer's exchange per pass: a dispatch-direction all-to-all (FP8 values plus a 4-byte scale per 128
-    under DeepEP and an FP8 recipe) and a combine-direction one (BF16), each the longer of its IB leg (one copy
-    per node reached) and its NVLink leg under DeepEP, their sum otherwise."""
+    """One MoE layer's exchange per pass, where no published table prices DeepEP (`ep_kernel` None): a
+    dispatch-direction all-to-all (FP8 values plus a 4-byte scale per 128 under DeepEP and an FP8 recipe) and a
+    combine-direction one (BF16), each the longer of its IB leg (one copy per node reached) and its NVLink leg
+    under DeepEP, their sum otherwise."""
+    from dataclasses import replace
+
     import dlperf.comm as comm
     from dlperf.engine.context import dispatch_bytes, ep_exchange, nodes_reached
     from dlperf.engine.layers import Use
-    from dlperf.engine.step import _parallel
+    from dlperf.engine.step import _parallel as placed
+
+    def _parallel(comm, hw, plan):
+        return replace(placed(comm, hw, plan), ep_kernel=None)
 
     layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
     use = Use(layer, 1, False)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from math import comb
 from typing import Any
 
 from dlperf import mathx
@@ -44,9 +45,10 @@ DEEPEP_SMS = 20
 # host waits for the received-token count unless the run fixes a static budget (hybrid_ep_buffer.py: "Synchronize
 # the stream ... num_dispatched_tokens_tensor"; Megatron-Core token_dispatcher.py _HybridEPManager, NVIDIA/
 # Megatron-LM @d98e8a64: "HybridEP sizes buffers dynamically (CPU sync in dispatch)" when
-# moe_expert_rank_capacity_factor is unset). Its bandwidth at the recipes' SM count is DeepEP's: on GB200, 8 ranks,
-# 32 SMs, 4096 tokens x 7168 hidden, top-8, the README measures BF16 dispatch 545.71 GB/s and combine 568.94 GB/s
-# through the Torch API against DeepEP's 615.78 and 519.57, so the same all-to-all prices both. It differs in:
+# moe_expert_rank_capacity_factor is unset). Both are priced at the bandwidth their own benchmarks publish where
+# a table covers the device and link (dlperf.comm.ep_kernels; on GB200, 8 ranks, 32 SMs, 4096 tokens x 7168
+# hidden, top-8, the README measures HybridEP's BF16 dispatch at 545.71 GB/s and combine at 568.94 GB/s through
+# the Torch API, DeepEP's at 615.78 and 519.57), elsewhere by the NCCL all-to-all model. HybridEP differs in:
 # - precision: BF16 both ways, FP8 recipe or not (Megatron-Core fused_a2a.py init_hybrid_ep_buffer @d98e8a64:
 #   "HybridEP dispatcher does not support fp8 dispatch now");
 # - SMs held: 32 (NVIDIA-NeMo/Megatron-Bridge scripts/performance/utils/overrides.py sets moe_hybridep_num_sms = 32
@@ -72,6 +74,8 @@ class Parallel:
     sync_gap: Any = 0.0                               # device idle seconds after a host sync (ep_dispatch_extra)
     fp8_dispatch: bool = False                        # deepep under an FP8 recipe: dispatch-direction legs in FP8
                                                       # (hybridep dispatches BF16: HYBRIDEP_SMS)
+    ep_kernel: Callable[[str], Any] | None = None     # comm.ep_kernels column -> published bytes/s for this plan's
+                                                      # dispatcher, device, link, EP size and SMs; None: NCCL model
     cp_alltoall: Callable[[Any], Any] | None = None   # over the cp group (Ulysses)
     cp_send: Callable[[Any], Any] | None = None       # one ring hop
 
@@ -179,12 +183,49 @@ def ep_exchange(use: Use, batch: Any, e: int, tp: int, par: Parallel) -> Any:
     longer one sets its time), and under an FP8 recipe the dispatch direction carries FP8 values with one FP32
     scale per 128 (dlperf.ops.recompute.FP8_TILED) while the combine direction stays BF16: one leg of each kind
     per pass, forward and backward alike. HybridEP (`par.ep_dispatcher` "hybridep", HYBRIDEP_SMS) overlaps its legs
-    the same way and sends BF16 both ways."""
+    the same way and sends BF16 both ways. Where their published benchmarks cover the case (`par.ep_kernel`), each
+    transfer is priced as those kernels measure it instead (`_kernel_transfer`)."""
     layer = use.layer
     load = 1 if layer.get("capacity_factor") else expert_load(layer, par)
     nbytes = dispatch_bytes(layer, batch, e, tp, par.cp) * load
     dispatch = nbytes * FP8_TILED / e if par.fp8_dispatch else nbytes
-    return _alltoall(layer, par, dispatch) + _alltoall(layer, par, nbytes)
+    column = "dispatch_fp8" if par.fp8_dispatch else "dispatch_bf16"
+    return _transfer(layer, par, dispatch, column) + _transfer(layer, par, nbytes, "combine")
+
+
+def _transfer(layer: Layer, par: Parallel, nbytes: Any, column: str) -> Any:
+    """One dispatch or combine of `nbytes` per rank (top_k copies per token): at the dispatcher's published
+    bandwidth where a table covers it, else as an all-to-all."""
+    bandwidth = par.ep_kernel(column) if par.ep_kernel else None
+    if bandwidth is None:
+        return _alltoall(layer, par, nbytes)
+    return _kernel_transfer(layer, par, nbytes, bandwidth)
+
+
+def _kernel_transfer(layer: Layer, par: Parallel, nbytes: Any, bandwidth: float) -> Any:
+    """Seconds of one DeepEP or HybridEP transfer: the bytes its benchmark counts over the bandwidth it measured
+    (dlperf/data/ep_kernels/deepep.yaml). Those count one copy per token and rank reached inside an NVLink domain,
+    one per token and node reached across nodes (the RDMA leg, the bottleneck whose bandwidth the tables give for
+    the whole transfer, NVLink forwarding overlapped inside it), not one per expert."""
+    parts = par.ep_nodes if par.ep_nodes > 1 else par.ep
+    return nbytes / layer["top_k"] * parts_reached(layer, parts) / bandwidth
+
+
+def parts_reached(layer: Layer, parts: int) -> float:
+    """Expected number of distinct parts (ranks or nodes, the experts spread evenly over them) one token's top_k
+    experts lie on, routed uniformly as the published benchmarks route (random scores). Group-limited routing
+    (DeepSeek-V3 Sec. 2.1.2) draws them from the `top_groups` best of `groups` groups: when each part holds whole
+    groups, every chosen group is reached (groups are ranked by their best experts' scores, as DeepSeek-V3's
+    router and DeepEP's tests/legacy/test_internode.py choose them) and the parts reached are those the chosen
+    groups lie on; when a group spans several parts, the experts are drawn uniformly from the chosen groups'."""
+    experts, k = int(layer["experts"]), int(layer["top_k"])
+    groups, chosen = (int(layer["groups"]), int(layer["top_groups"])) if layer.get("top_groups") else (1, 1)
+    if groups >= parts and groups % parts == 0 and chosen < groups:
+        per_part = groups // parts
+        return parts * (1 - comb(groups - per_part, chosen) / comb(groups, chosen))
+    candidates = min(parts, -(-parts * chosen // groups))
+    pool = experts * candidates // parts
+    return candidates * (1 - comb(pool - experts // parts, k) / comb(pool, k))
 
 
 def ep_dispatch_extra(use: Use, batch: Any, tp: int, par: Parallel) -> tuple[Any, Any]:

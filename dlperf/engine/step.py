@@ -7,10 +7,12 @@ forward + backward (+ recomputation) + optimizer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NamedTuple
 
 from dlperf import mathx
+from dlperf.comm import ep_kernels
 from dlperf.engine import memory as mem
 from dlperf.engine import zero_impl
 from dlperf.engine.context import DISPATCHER_SMS, Parallel
@@ -925,9 +927,19 @@ def _parallel(comm: Any, hw: Hardware, plan: Plan) -> Parallel | None:
         ep_allgather=lambda nbytes: comm.collective_time("allgather", nbytes, ep_group, hw),
         sync_gap=_sync_gap(hw),
         ep_dispatcher=plan.ep_dispatcher, fp8_dispatch=plan.ep_dispatcher == "deepep" and is_recipe(plan.dtype),
+        ep_kernel=_ep_kernel(hw, plan, nodes),
         cp_alltoall=lambda nbytes: comm.collective_time("alltoall", nbytes, cp_group, hw),
         cp_send=lambda nbytes: comm.p2p_time(nbytes, hw, level, crossing),
     )
+
+
+def _ep_kernel(hw: Hardware, plan: Plan, nodes: int) -> Callable[[str], float | None] | None:
+    """The published bandwidth of DeepEP's or HybridEP's transfers for this plan (comm.ep_kernels): over RDMA
+    when the expert group spans nodes, over NVLink inside one domain, at the SMs the dispatcher holds."""
+    if plan.ep_dispatcher not in DISPATCHER_SMS:
+        return None
+    link, sms = ("rdma" if nodes > 1 else "nvlink"), DISPATCHER_SMS[plan.ep_dispatcher]
+    return lambda column: ep_kernels.bandwidth(plan.ep_dispatcher, hw.device.name, link, plan.ep, sms, column)
 
 
 def _ep_exposed(plan: Plan, slow: StageCost, m: Any) -> tuple[Any, Any]:
