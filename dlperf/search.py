@@ -17,15 +17,17 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dlperf.comm import ep_kernels
 from dlperf.errors import DlperfError, PlanError
 from dlperf.mathx import divisors as _divisors
 from dlperf.plan import RECOMPUTE_MODULES, Plan, dualpipe_micro_batches_ok
 
 OBJECTIVES = ("time", "cost")
 STRATEGIES = ("data", "model", "pipeline", "hybrid", "best")
-# Dispatchers a search tries on group-limited MoE models. HybridEP is left out to keep the search's time: on the NCCL
-# model it is DeepEP with BF16 dispatch and more SMs held (dlperf.engine.context.HYBRIDEP_SMS), never faster; where
-# its published bandwidths price it (GB200, B200: dlperf.comm.ep_kernels) it can be, and --ep-dispatcher compares.
+# Dispatchers a search tries on group-limited MoE models. HybridEP is added only on devices where its published
+# bandwidths price it (dlperf.comm.ep_kernels: GB200, B200, H100), for any MoE model: elsewhere it is DeepEP with
+# BF16 dispatch and more SMs held on the NCCL model (dlperf.engine.context.HYBRIDEP_SMS), never faster, and
+# searching it would only cost the search's time.
 SEARCHED_DISPATCHERS = ("alltoall", "deepep")
 DEFAULT_MICRO_CAP = 32  # samples per micro-batch in sweeps: ResNet-50's per-GPU batch in Goyal et al. 2017
 
@@ -213,20 +215,29 @@ def objective_value(ev: Any, objective: str, hw: Any) -> float:
     return ev.plan.devices * ev.step_time_s / 3600.0 * price
 
 
-def _applicable(space: SearchSpace, model: Any, base: Plan) -> SearchSpace:
+def _applicable(space: SearchSpace, model: Any, base: Plan, device: str = "") -> SearchSpace:
     """Fill the options left at None with where they apply. DeepEP is built for group-limited routing across
-    nodes (DeepSeek-V3 Sec. 3.2.2); HybridEP is not searched (SEARCHED_DISPATCHERS). Partial recomputation is the
+    nodes (DeepSeek-V3 Sec. 3.2.2); HybridEP is searched on the devices its published bandwidths cover
+    (SEARCHED_DISPATCHERS; `device` is the hardware's device name). Partial recomputation is the
     MLA/MoE recipes' (DeepSeek-V3 Sec. 3.2.3; Megatron-Core's mla_up_proj and moe_act): on other models only
     `layernorm` applies, freeing one input per MLP, and it is not searched there, to keep the search's time
     (benchmarks/bench_vs_baseline.py). FP8 caching needs an FP8 recipe."""
     mla_moe = any(layer.op in ("mla", "moe") for layer, _ in model.counted())
     if space.ep_dispatcher is None:
-        space = replace(space, ep_dispatcher=SEARCHED_DISPATCHERS if _group_limited(model) else ("alltoall",))
+        space = replace(space, ep_dispatcher=_dispatchers(model, device))
     if space.recompute_modules is None:
         space = replace(space, recompute_modules=((), RECOMPUTE_MODULES) if mla_moe else ((),))
     if space.fp8_activations is None:
         space = replace(space, fp8_activations=(False, True) if mla_moe and base.dtype == "fp8" else (False,))
     return space
+
+
+def _dispatchers(model: Any, device: str) -> tuple[str, ...]:
+    """The expert dispatchers a search tries (SEARCHED_DISPATCHERS)."""
+    tried = SEARCHED_DISPATCHERS if _group_limited(model) else ("alltoall",)
+    if any(layer.op == "moe" for layer, _ in model.counted()) and ep_kernels.covers_device("hybridep", device):
+        tried = (*tried, "hybridep")
+    return tried
 
 
 def _group_limited(model: Any) -> bool:
@@ -256,7 +267,7 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
     plans: list[Plan] = []
     node = hw.network[0].size or 1
     base = base or Plan()
-    space = _applicable(space, model, base)
+    space = _applicable(space, model, base, hw.device.name)
     for n in counts:
         plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
                                  evaluator.layers, space, _pp_filter(model, space), _experts(model))

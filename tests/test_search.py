@@ -303,3 +303,31 @@ def test_search_over_a_device_range_with_a_time_budget(run):
     assert {p["devices"] for p in data["plans"]} <= {4, 8}
     costs = [p["cost_per_step"] for p in data["plans"]]
     assert costs == sorted(costs)
+
+
+@pytest.mark.parametrize(("model", "hardware", "tried"), [
+    ("qwen3-30b-a3b", "gb200-nvl72", ("alltoall", "hybridep")),    # HybridEP's README measures GB200
+    ("deepseek-v3", "dgx-b200", ("alltoall", "deepep", "hybridep")),
+    ("deepseek-v3", "h800", ("alltoall", "deepep")),               # no HybridEP table: never faster than DeepEP
+    ("qwen3-30b-a3b", "dgx-gb300", ("alltoall",)),
+    ("llama3-8b", "gb200-nvl72", ("alltoall",)),                    # no experts, nothing to dispatch
+])
+def test_search_tries_hybridep_where_its_published_bandwidths_price_it(model: str, hardware: str,
+                                                                        tried: tuple[str, ...]) -> None:
+    from dlperf.search import _dispatchers
+    from dlperf.spec.hardware import load_hardware
+    from dlperf.spec.model import load_model
+
+    assert _dispatchers(load_model(model), load_hardware(hardware).device.name) == tried
+
+
+def test_search_picks_hybridep_for_qwen3_on_gb200() -> None:
+    """The recipes run HybridEP there (Megatron-Bridge); the search, pricing it at its published bandwidth, agrees."""
+    from dlperf.search import search
+    from dlperf.spec.hardware import load_hardware
+    from dlperf.spec.model import load_model
+
+    result = search(load_model("qwen3-30b-a3b", {"seq": 4096}), load_hardware("gb200-nvl72"), 8, 512,
+                    base=Plan(dtype="mxfp8"))
+    best = result.ranked[0].plan
+    assert best.ep > 1 and best.ep_dispatcher == "hybridep"

@@ -43,6 +43,11 @@ def _covers(row: Row, dispatcher: str, device: str, link: str) -> bool:
     return row.dispatcher == dispatcher and device.upper().startswith(row.device) and row.link == link
 
 
+def covers_device(dispatcher: str, device: str) -> bool:
+    """Whether any published row prices `dispatcher` on this device (over either link)."""
+    return any(_covers(r, dispatcher, device, r.link) for r in rows())
+
+
 def bandwidth(dispatcher: str, device: str, link: str, ranks: int, sms: int, column: str) -> float | None:
     """Bytes/s of one `column` transfer (COLUMNS) from the closest published row, or None."""
     candidates = [r for r in rows() if _covers(r, dispatcher, device, link) and r.figures[column] is not None]
