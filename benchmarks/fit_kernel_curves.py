@@ -369,6 +369,7 @@ ASSIGN = {
 # carry the engine's tile and the fit under its quantization; fp32 on CUDA cores (SIMT tiles are at most 128x128,
 # the NeuSight kernel names say) and convolutions keep the plain fit and no tile.
 TENSOR_CORE_DTYPES = ("tf32", "fp8")
+TILE_YAML = f"[{ENGINE_TILE[0]}, {ENGINE_TILE[1]}]"  # the engine's tile as a hardware file writes it
 
 
 def _entry(r: Result, note: str, quantized: bool) -> tuple[str, str, str]:
@@ -395,7 +396,7 @@ def snippets(results: list[Result]) -> str:
                 continue
             name, note = assign[(kind, None)]
             peak, startup, src = _entry(by_name[name], note, kind == "matmul")
-            tile = [f"    tile: [{ENGINE_TILE[0]}, {ENGINE_TILE[1]}]"] if kind == "matmul" else []
+            tile = [f"    tile: {TILE_YAML}"] if kind == "matmul" else []
             lines += [f"  {kind}:", *tile, f"    peak: {peak}", f"    startup: {startup}", f'    source: "{src}"']
             dtypes = [(d, v) for (k, d), v in assign.items() if k == kind and d]
             if dtypes:
@@ -403,7 +404,7 @@ def snippets(results: list[Result]) -> str:
             for dtype, (name, note) in dtypes:
                 tiled = kind == "matmul" and dtype in TENSOR_CORE_DTYPES
                 peak, startup, src = _entry(by_name[name], note, tiled)
-                tile = f"tile: [{ENGINE_TILE[0]}, {ENGINE_TILE[1]}], " if tiled else ""
+                tile = f"tile: {TILE_YAML}, " if tiled else ""
                 lines.append(f'      {dtype}: {{{tile}peak: {peak}, startup: {startup}, source: "{src}"}}')
         out.append("\n".join(lines))
     return "\n\n".join(out)

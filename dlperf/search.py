@@ -20,6 +20,7 @@ from typing import Any
 from dlperf.comm import ep_kernels
 from dlperf.errors import DlperfError, PlanError
 from dlperf.mathx import divisors as _divisors
+from dlperf.ops.moe import has_experts
 from dlperf.plan import RECOMPUTE_MODULES, Plan, dualpipe_micro_batches_ok
 
 OBJECTIVES = ("time", "cost")
@@ -235,7 +236,7 @@ def _applicable(space: SearchSpace, model: Any, base: Plan, device: str = "") ->
 def _dispatchers(model: Any, device: str) -> tuple[str, ...]:
     """The expert dispatchers a search tries (SEARCHED_DISPATCHERS)."""
     tried = SEARCHED_DISPATCHERS if _group_limited(model) else ("alltoall",)
-    if any(layer.op == "moe" for layer, _ in model.counted()) and ep_kernels.covers_device("hybridep", device):
+    if has_experts(model) and ep_kernels.covers_device("hybridep", device):
         tried = (*tried, "hybridep")
     return tried
 

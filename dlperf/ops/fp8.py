@@ -92,12 +92,12 @@ def fp8_kernels(kernels: list[Kernel], e: int, recipe: str = "fp8") -> list[Kern
     whose precision the layer pins (a MoE router: Megatron-Core computes it with torch's linear outside Transformer
     Engine's fp8_autocast, router.py TopKRouter.gating @92c8482e)."""
     out: list[Kernel] = []
+    b = OPERAND_BYTES[recipe]
     for kernel in kernels:
         if kernel.weight_gemm is None or kernel.dtype is not None:
             out.append(kernel)
             continue
         m, k, n = kernel.weight_gemm
-        b = OPERAND_BYTES[recipe]
         out += [_cast_kernel(f"{kernel.name}_fp8_cast", m * k, m * n, e, b), _fp8_gemm(kernel, m, k, n, e, b)]
     return out
 
@@ -130,9 +130,7 @@ def saved_bytes(layer: Layer, saved: Any, e: int, recipe: str = "fp8") -> Any:
     lines 537-548). A linear layer keeps that cast of its input (one sharing its sibling's input,
     `fused_input`, keeps none); attention and MoE layers as below."""
     b = OPERAND_BYTES[recipe]
-    if layer.op == "linear" and not layer["fused_input"]:
-        return saved - (e - b) * numel(layer.in_shape)
-    if layer.op == "attention":
+    if (layer.op == "linear" and not layer["fused_input"]) or layer.op == "attention":
         return saved - (e - b) * numel(layer.in_shape)
     if layer.op == "moe":
         return saved - (e - b) * moe_gemm_inputs(layer)
