@@ -617,3 +617,67 @@ def test_fused_attention_time_carries_the_curves_sequence_term():
     assert compute_stretch(core, hopper, "bf16", 1, None) == (1.0, 1.0)
     _, longer = _deepseek_attention(8192)
     assert compute_stretch(longer, blackwell, "bf16", 1, None)[0] < compute_stretch(core, blackwell, "bf16", 1, None)[0]
+
+
+# ---- gpt-oss: sliding-window attention, sinks, biased experts ----------------------------------------------
+
+
+def test_gpt_oss_parameters_exact():
+    """116.83B total and 5.13B active (gpt-oss model card, arXiv:2508.10925, Table 1; the card's active count
+    leaves out the input embedding, dlperf's counts every parameter a token uses)."""
+    model = load_model("gpt-oss-120b")
+    assert model.total_params == 116_829_156_672
+    assert activated_params(model) - 201088 * 2880 == pytest.approx(5.13e9, rel=1e-3)
+
+
+def _window_doc(window, seq: int = 4096, flash: bool = True, heads: int = 8) -> dict:
+    attention = {"op": "attention", "heads": heads, "head_dim": 64, "causal": True, "bias": False, "flash": flash}
+    if window is not None:
+        attention["window"] = window
+    return _doc([attention], {"seq": seq, "hidden": 64 * heads})
+
+
+def _flash(window, seq: int = 4096):
+    model = model_from_dict(_window_doc(window, seq), "t", {})
+    layer = next(layer for layer, _ in model.counted() if layer.op == "attention")
+    return next(k for k in OPS["attention"].kernels(layer, 1, 2) if k.name == "flash_attention")
+
+
+def test_window_covering_the_sequence_is_plain_causal_attention():
+    assert _flash(4096 - 128) == _flash(None)
+
+
+def test_sliding_window_executes_window_plus_one_tile_of_keys():
+    """A 128-token window over 4096 keys visits 128 + 128 keys per query (dense.WINDOW_TILE), 1/16 of the full
+    score work, and its model work is the w*s - w(w-1)/2 pairs it attends."""
+    full, windowed = _flash(None), _flash(128)
+    s, heads, hd = 4096, 8, 64
+    score_work = (4 * hd + 5) * s * s * heads  # QK^T and AV (2 FLOPs per multiply-add), softmax's 5 per score
+    assert windowed.cost.fwd_flops == pytest.approx(score_work * 256 / s, rel=1e-6)
+    assert full.cost.fwd_flops == pytest.approx(score_work / 1.75, rel=1e-6)
+    pairs = 128 * s - 128 * 127 / 2
+    model_work = windowed.cost.fwd_flops * windowed.model_work_scale
+    assert model_work == pytest.approx(score_work * pairs / (s * s), rel=1e-6)
+    assert windowed.seq == 256
+
+
+def test_sliding_window_layers_are_faster_than_wider_windows():
+    hw = load_hardware("dgx-h100")
+    plan = Plan(devices=1, global_batch=1, micro_batch=1)
+    times = [predict(model_from_dict(_window_doc(w, 32768, heads=32), "t", {}), hw, plan).step_time_s
+             for w in (128, 1024, None)]
+    assert times[0] < times[1] < times[2]
+
+
+def test_sliding_window_needs_flash_causal_attention():
+    from dlperf.errors import ShapeError
+
+    with pytest.raises(ShapeError, match="window"):
+        model_from_dict(_window_doc(128, flash=False), "t", {})
+
+
+def test_expert_bias_counts_gate_up_and_down_biases():
+    moe = {"op": "moe", "experts": 4, "top_k": 2, "ffn": 64, "gated": True}
+    plain = model_from_dict(_doc([moe]), "t", {}).total_params
+    biased = model_from_dict(_doc([{**moe, "expert_bias": True}]), "t", {}).total_params
+    assert biased - plain == 4 * (2 * 64 + 32)

@@ -334,21 +334,51 @@ def _flash_kernel(layer: Layer, core: Cost, qkv_bytes: Any, out_bytes: Any, reco
     measured on an A100; on an H100 it is carried over, both kernels running there without Hopper's own
     instructions (FlashAttention-2 "using no special instructions", Dao 2023 section 4.1; the Triton kernel is
     compiled by the pre-MLIR Triton, which predates Hopper's wgmma)."""
-    skip = CAUSAL_SPEEDUP if layer["causal"] and layer["kv_seq"] == layer.in_shape[-2] else 1
+    skip, model_scale, keys = _flash_skip(layer)
     flops = (core.fwd_flops / skip, core.bwd_data_flops / skip, core.bwd_weight_flops)
     fused = Cost(*flops, fwd_bytes=qkv_bytes + out_bytes, bwd_bytes=2 * qkv_bytes + 2 * out_bytes,
                  depth=core.depth, bwd_depth=core.bwd_depth)
     cls = "attention_fa3" if layer["flash_version"] == 3 and not layer["triton"] else "attention"
-    return Kernel("flash_attention", cls, fused, bwd_recompute_flops=recompute / skip, model_work_scale=skip,
-                  slowdown=TRITON_SLOWDOWN if layer["triton"] else (1.0, 1.0),
-                  seq=layer["kv_seq"] or layer.in_shape[-2])
+    return Kernel("flash_attention", cls, fused, bwd_recompute_flops=recompute / skip, model_work_scale=model_scale,
+                  slowdown=TRITON_SLOWDOWN if layer["triton"] else (1.0, 1.0), seq=keys)
+
+
+# A sliding-window FlashAttention kernel visits, for each block of queries, only the key blocks that meet its
+# window: the window plus at most one partly masked block. FlashAttention-2 tiles keys in blocks of 64 or 128
+# ("block sizes {64, 128} x {64, 128}", Dao 2023, arXiv:2307.08691, section 3.3); the larger is taken, so a
+# query row costs `window + WINDOW_TILE` keys (flash-attn's window_size=(w, 0), local attention since v2.3).
+WINDOW_TILE = 128
+
+
+def _window_binds(window: Any, skv: Any) -> bool:
+    """Whether a sliding window leaves the kernel fewer keys than the whole sequence (assumed when the sequence
+    is a symbol or an array of lengths: the closed form then keeps the windowed cost)."""
+    try:
+        return bool(window + WINDOW_TILE < skv)
+    except (TypeError, ValueError):
+        return True
+
+
+def _flash_skip(layer: Layer) -> tuple[Any, Any, Any]:
+    """(full score work / executed work, model work / executed work, key length the kernel loops over) of a
+    fused attention kernel: causal masking skips the blocks above the diagonal (CAUSAL_SPEEDUP); a causal sliding
+    window of w keys (Beltagy et al. 2020; Mistral 7B; gpt-oss) leaves min(s_kv, w + WINDOW_TILE) keys per query,
+    and its model work is the pairs it attends, w*s - w(w-1)/2 of the s x s_kv matrix."""
+    s, skv, window = layer.in_shape[-2], layer["kv_seq"] or layer.in_shape[-2], layer["window"]
+    if window is None or not _window_binds(window, skv):
+        skip = CAUSAL_SPEEDUP if layer["causal"] and layer["kv_seq"] == s else 1
+        return skip, skip, skv
+    keys = window + WINDOW_TILE
+    attended = (window * s - window * (window - 1) / 2) / (s * skv)
+    return skv / keys, attended * skv / keys, keys
 
 
 def _attention_params(s: tuple, a: dict) -> Any:
     d, h, kv, hd, out = s[-1], a["heads"], a["kv_heads"], a["head_dim"], a["out"]
     weights = d * h * hd + 2 * d * kv * hd + h * hd * out
     in_bias = (h * hd + 2 * kv * hd) if (a["bias"] or a["qkv_bias"]) else 0
-    return weights + in_bias + (out if a["bias"] else 0)
+    sinks = h if a["sinks"] else 0  # one learned softmax logit per head (gpt-oss "attention sinks")
+    return weights + in_bias + (out if a["bias"] else 0) + sinks
 
 
 def _attention_saved(layer: Layer, e: int) -> Any:
@@ -382,6 +412,9 @@ def _attention_check(shape: tuple, a: dict) -> None:
     if a["flash_version"] not in (2, 3):
         raise ShapeError("flash_version", expected="2 (FlashAttention-2) or 3 (FlashAttention-3)",
                          found=a["flash_version"])
+    if a["window"] is not None and not (a["flash"] and a["causal"]):
+        raise ShapeError("window", expected="flash: true and causal: true (a sliding window is priced as "
+                         "FlashAttention's causal local attention)", found=f"flash {a['flash']}, causal {a['causal']}")
     if a["softmax"] not in SOFTMAX_IMPLS:
         raise ShapeError("softmax", expected=" or ".join(SOFTMAX_IMPLS), found=a["softmax"])
 
@@ -394,7 +427,7 @@ def _attention_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
 ATTENTION = OpRule(
     attrs={"heads": REQUIRED, "head_dim": None, "kv_heads": None, "causal": False, "bias": True,
            "flash": False, "kv_seq": None, "out": None, "dropout": 0.0, "qkv_bias": False, "flash_version": 2,
-           "triton": False, "softmax": "fused"},
+           "triton": False, "softmax": "fused", "window": None, "sinks": False},
     shape=lambda s, a: (*s[:-1], a["out"]),
     params=_attention_params,
     kernels=_attention_kernels,

@@ -199,8 +199,16 @@ def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None,
 
 
 def moe_expert_params(layer: Layer) -> Any:
-    """Parameters of the routed experts (what expert parallelism shards): E experts x 2 or 3 [d, f] matrices."""
-    return layer["experts"] * _matrices(layer) * layer.in_shape[-1] * layer["ffn"]
+    """Parameters of the routed experts (what expert parallelism shards): E experts x 2 or 3 [d, f] matrices,
+    and their biases with `expert_bias`."""
+    return layer["experts"] * _expert_size(layer.in_shape[-1], layer)
+
+
+def _expert_size(d: Any, a: Any) -> Any:
+    """One routed expert's parameters: 2 or 3 [d, f] matrices, and with `expert_bias` the biases of its up (and
+    gate) projection, f each, and of its down projection, d (gpt-oss: gate_up_proj_bias 2f, down_proj_bias d)."""
+    matrices, f = (3 if a["gated"] else 2), a["ffn"]
+    return matrices * d * f + ((matrices - 1) * f + d if a["expert_bias"] else 0)
 
 
 def _moe_params(shape: tuple, a: dict) -> Any:
@@ -208,7 +216,7 @@ def _moe_params(shape: tuple, a: dict) -> Any:
     matrices = 3 if a["gated"] else 2
     router = d * a["experts"] + (a["experts"] if a["router_bias"] else 0)
     shared = matrices * d * a["shared_experts"] * (a["shared_ffn"] or a["ffn"])
-    return router + a["experts"] * matrices * d * a["ffn"] + shared + (d if a["shared_gate"] else 0)
+    return router + a["experts"] * _expert_size(d, a) + shared + (d if a["shared_gate"] else 0)
 
 
 def moe_activated_params(layer: Layer) -> Any:
@@ -256,7 +264,7 @@ def _moe_check(shape: tuple, a: dict) -> None:
 MOE = OpRule(
     attrs={"experts": REQUIRED, "top_k": REQUIRED, "ffn": REQUIRED, "shared_experts": 0, "shared_ffn": None,
            "gated": True, "capacity_factor": None, "router_bias": False, "shared_gate": False, "groups": None,
-           "top_groups": None, "probs_in_expert": False},
+           "top_groups": None, "probs_in_expert": False, "expert_bias": False},
     shape=lambda s, a: s,
     params=_moe_params,
     kernels=moe_kernels,
