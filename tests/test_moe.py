@@ -61,6 +61,7 @@ def test_deepseek_v3_parameters():
     ("deepseek-v3", 671_026_419_200, 37.6e9),
     ("qwen3-30b-a3b", 30_532_122_624, 3.3e9),     # model card: 30.5B total, 3.3B activated
     ("qwen1.5-moe-a2.7b", 14_315_784_192, 2.7e9),  # model card: 14.3B total, 2.7B activated
+    ("gpt-oss-120b", 116_829_156_672, 5.71e9),     # model card: 116.83B total, 5.13B active + 0.58B embedding
 ])
 def test_hf_converters_exact(folder, total, activated):
     config = json.loads((HF / folder / "config.json").read_text())
@@ -82,7 +83,8 @@ def test_builtins_equal_converted_configs():
     MLA is fused in any case). The qwen3 built-in runs Megatron-Bridge's Hopper-generation kernel (flash_version
     3), a converted config SDPA's FlashAttention-2: with flash_version 3 set, the two are the same model."""
     for name, folder, sets in (("mixtral-8x7b", "mixtral-8x7b-v0.1", {}), ("deepseek-v3", "deepseek-v3", {}),
-                               ("qwen3-30b-a3b", "qwen3-30b-a3b", {"flash_version": 3})):
+                               ("qwen3-30b-a3b", "qwen3-30b-a3b", {"flash_version": 3}),
+                               ("gpt-oss-120b", "gpt-oss-120b", {"flash_version": 3})):
         config = json.loads((HF / folder / "config.json").read_text())
         converted = model_from_dict(MOE_FAMILIES[config["model_type"]](config), folder, {"seq": 4096, **sets})
         builtin = load_model(name)

@@ -231,7 +231,7 @@ FAMILIES: dict[str, Callable[[dict], dict]] = {
     "gpt_neox": gpt_neox,
     "bert": bert,
 }
-FAMILIES.update(MOE_FAMILIES)  # mixtral, qwen2_moe, qwen3_moe, deepseek_v3 (dlperf/spec/hf_moe.py)
+FAMILIES.update(MOE_FAMILIES)  # mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss (dlperf/spec/hf_moe.py)
 
 
 def is_config(name_or_path: str | Path) -> bool:

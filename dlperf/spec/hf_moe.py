@@ -1,5 +1,5 @@
 """Mixture-of-experts families of Hugging Face `config.json`: model documents (the dict a models/*.yaml file
-holds) for mixtral, qwen2_moe, qwen3_moe and deepseek_v3, read offline without importing `transformers`.
+holds) for mixtral, qwen2_moe, qwen3_moe, deepseek_v3 and gpt_oss, read offline without importing `transformers`.
 
 `MOE_FAMILIES[model_type](config) -> document`; `dlperf.spec.model.model_from_dict(document, path, {})` builds
 the model. Layouts follow the reference implementations in transformers (models/<family>/modeling_<family>.py):
@@ -215,9 +215,46 @@ def deepseek_v3(config: dict) -> dict:
                      "(arXiv:2412.19437) Sec. 2.1")
 
 
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def _gpt_oss_layer_types(config: dict, layers: int) -> list[str]:
+    """config.layer_types, or GptOssConfig's default when absent: sliding on even layers, full on odd ones."""
+    kinds = config.get("layer_types")
+    if kinds is None:
+        return [LAYER_TYPES[i % 2] for i in range(layers)]
+    if not isinstance(kinds, list) or len(kinds) != layers or any(k not in LAYER_TYPES for k in kinds):
+        raise SpecError(field="layer_types", expected=f"{layers} entries, each one of {', '.join(LAYER_TYPES)}",
+                        found=kinds, line=line_of(config, "layer_types"))
+    return kinds
+
+
+def gpt_oss(config: dict) -> dict:
+    """GptOssForCausalLM: GQA attention with biases and a learned sink logit per head, sliding_attention layers
+    limited to a causal window of `sliding_window` keys, every layer a sparse MoE block of SwiGLU experts with
+    biases behind a biased router."""
+    params = _common_params(config) | {
+        "ffn": _get(config, "intermediate_size"),
+        "experts": _get(config, "num_local_experts"),
+        "top_k": _get(config, "num_experts_per_tok"),
+        "window": _get(config, "sliding_window"),
+    } | causal_flash()
+    moe = _moe(experts="experts", top_k="top_k", ffn="ffn", router_bias=True, expert_bias=True)
+    blocks = {}
+    for kind, window in (("sliding_attention", {"window": "window"}), ("full_attention", {})):
+        attention = _attention(bool(config.get("attention_bias", True)))
+        attention[0]["residual"][1] |= {"sinks": True, **window}
+        blocks[kind] = {"layers": attention + moe}
+    kinds = _gpt_oss_layer_types(config, params["layers"])
+    return _document(config, "gpt_oss", params, blocks, _runs(kinds),
+                     "transformers models/gpt_oss/modeling_gpt_oss.py (GptOssAttention sinks, GptOssExperts "
+                     "gate_up_proj_bias / down_proj_bias, GptOssTopKRouter bias)")
+
+
 MOE_FAMILIES: dict[str, Callable[[dict], dict]] = {
     "mixtral": mixtral,
     "qwen2_moe": qwen2_moe,
     "qwen3_moe": qwen3_moe,
     "deepseek_v3": deepseek_v3,
+    "gpt_oss": gpt_oss,
 }
