@@ -89,6 +89,7 @@ class Plan:
     data_backend: str = "synthetic"      # where samples come from (DATA_BACKENDS)
     loader_workers: int = 0              # CPU loader worker processes per training process (data_backend cpu)
     input_ops: tuple[str, ...] = ()      # per-sample CPU work of the loader (dlperf.engine.input.INPUT_COSTS)
+    grad_passes: tuple[str, ...] = ()    # per-micro-batch passes over the gradient (engine.grad_passes.GRAD_PASSES)
 
     @property
     def data_parallel(self) -> int:
@@ -177,6 +178,7 @@ def _check_knobs(plan: Plan) -> None:
                         expected="pp = cp = ep = 1", found=f"pp={plan.pp} cp={plan.cp} ep={plan.ep}")
     _check_activation_knobs(plan)
     _check_input(plan)
+    _check_grad_passes(plan)
     value = plan.moe_imbalance
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or not 1 <= value <= 1000):  # also refuses NaN and infinity
@@ -219,6 +221,16 @@ def _check_input(plan: Plan) -> None:
     if plan.data_backend == "synthetic" and (workers or ops):
         raise PlanError("loader_workers and input_ops describe a CPU loader: they need data_backend cpu",
                         expected="data_backend cpu", found=plan.data_backend)
+
+
+def _check_grad_passes(plan: Plan) -> None:
+    """Per-micro-batch gradient passes must be named in GRAD_PASSES, each once."""
+    from dlperf.engine.grad_passes import GRAD_PASSES
+
+    names = plan.grad_passes
+    if not isinstance(names, tuple) or any(n not in GRAD_PASSES for n in names) or len(set(names)) != len(names):
+        raise PlanError("grad_passes", expected="distinct names among " + ", ".join(GRAD_PASSES),
+                        found=",".join(map(str, names)) if isinstance(names, tuple) else names)
 
 
 def check_degrees(plan: Plan) -> None:

@@ -225,7 +225,7 @@ def test_every_numeric_model_field_at_every_extreme(run, tmp_path):
 
 PLAN_OPTIONS = ["--gpus", "--dp", "--tp", "--pp", "--global-batch", "--micro-batch", "--virtual-stages", "--zero",
                 "--staleness", "--parameter-server", "--compression", "--memory-format", "--data-backend",
-                "--loader-workers", "--input-ops"]
+                "--loader-workers", "--input-ops", "--grad-passes"]
 OPTION_VALUES = ["nan", "inf", "-inf", "1e400", "0", "-1", "1.5", "\u0665", "1_000", "10" * 30, "1000000000",
                  "99999999999999999999", "", " ", "\x1b[2J", "qsgd:nan", "topk:inf", "topk:1e-400", "qsgd:0"]
 

@@ -92,6 +92,10 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--input-ops", default="", show_default=False,
                      help="Comma-separated per-sample CPU work of the loader, e.g. "
                           "jpeg-decode-pillow,rrc224-flip-pillow,fast-collate (dlperf.engine.input.INPUT_COSTS)."),
+        click.option("--grad-passes", default="", show_default=False,
+                     help="Comma-separated passes the training script makes over every micro-batch's gradient "
+                          "besides accumulating it, e.g. amp-casts,unscale,finite-check,global-norm,clip "
+                          "(dlperf.engine.grad_passes.GRAD_PASSES: DeepLearningExamples' TensorFlow 1 BERT)."),
         click.option("--sequence-parallel", is_flag=True, help="Megatron sequence parallelism (needs tp > 1)."),
         click.option("--no-overlap", is_flag=True, help="Do not overlap the gradient allreduce with backward."),
         click.option("--tp-overlap", is_flag=True,
@@ -152,7 +156,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         fp8_activations=opts.get("fp8_activations", False), ep_dispatcher=opts.get("ep_dispatcher") or "alltoall",
         memory_format=opts.get("memory_format") or "nhwc",
         data_backend=opts.get("data_backend") or "synthetic", loader_workers=opts.get("loader_workers") or 0,
-        input_ops=_names(opts.get("input_ops")),
+        input_ops=_names(opts.get("input_ops")), grad_passes=_names(opts.get("grad_passes")),
     )
     if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
         from dlperf.engine.defaults import default_plan
@@ -172,7 +176,8 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
 
 
 def _names(text: str | None) -> tuple[str, ...]:
-    """A comma-separated CLI list (--recompute-modules, --input-ops) as a tuple of its non-empty names."""
+    """A comma-separated CLI list (--recompute-modules, --input-ops, --grad-passes) as a tuple of its non-empty
+    names."""
     return tuple(name.strip() for name in (text or "").split(",") if name.strip())
 
 

@@ -16,6 +16,7 @@ from dlperf.comm import ep_kernels
 from dlperf.engine import memory as mem
 from dlperf.engine import zero_impl
 from dlperf.engine.context import DISPATCHER_SMS, Parallel
+from dlperf.engine.grad_passes import grad_pass_time
 from dlperf.engine.input import input_note, input_wait
 from dlperf.engine.layers import element_bytes, tp_uses
 from dlperf.engine.pipeline import (
@@ -1026,14 +1027,17 @@ def _grad_accumulation(hw: Hardware, plan: Plan, params: Any, dtype: str) -> Any
     4 + 4 - 2 = 6 extra bytes per parameter from the first micro-batch on; PyTorch's AccumulateGrad adds in
     place (`grad += new`, 3 x 2 bytes) from the second (the first takes the new gradient's buffer), counted here
     for every micro-batch alike. ZeRO-2/3 keep only a gradient shard, which is what gets added: 1/(dp*cp), since
-    context-parallel ranks hold the same weights and shard the states with the data-parallel ones (`memory`)."""
+    context-parallel ranks hold the same weights and shard the states with the data-parallel ones (`memory`).
+    The plan's grad_passes (dlperf.engine.grad_passes: a script's unscale, finite check, norm and clip of every
+    micro-batch's gradient) run over the whole local gradient as well."""
     if mathx.is_zero(params):
         return 0.0
     e = element_bytes(_grad_dtype(plan, dtype))
     shard = plan.data_parallel * plan.cp if plan.zero >= 2 else 1
     bw = hw.device.memory_bandwidth * hw.device.eff("memory").peak
     fsdp = _fsdp_unsharded_grad_bytes(plan, dtype) * params
-    return (3 * e * params / shard + fsdp) / bw + hw.device.launch_latency
+    passes = grad_pass_time(plan.grad_passes, params, e, element_bytes(dtype), bw, hw.device.launch_latency)
+    return (3 * e * params / shard + fsdp) / bw + hw.device.launch_latency + passes
 
 
 def _fsdp_unsharded_grad_bytes(plan: Plan, dtype: str) -> int:
