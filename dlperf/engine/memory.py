@@ -125,8 +125,12 @@ def _zero3_working_set(model: Model, plan: Plan, params: Any, dtype: str) -> Any
     """ZeRO-3 materialises a unit's full parameters to compute it: the unit being computed and the one being
     prefetched (PyTorch FSDP's rate limiter allows two all-gathers in flight; Zhao et al. 2023, VLDB, section
     3.3.2), and in backward that unit's full gradient before its reduce-scatter. Units are the stage's repeated
-    blocks (gather_units)."""
+    blocks (gather_units). DeepSpeed v0.3's stage 3 gathers tensor by tensor instead (zero_impl.working_set)."""
     weight, grad = _weight_and_grad_bytes(plan, dtype)
+    if plan.zero_impl == "deepspeed-0.3":  # per-tensor gathers, capped by its live-parameter limit
+        from dlperf.engine import zero_impl
+
+        return zero_impl.working_set(zero_impl.tensors(model, plan), plan, weight, grad)
     return params / gather_units(model, plan) * (2 * weight + grad)
 
 

@@ -41,6 +41,23 @@ partition_parameters.py, S3 = deepspeed/runtime/zero/stage3.py, C = deepspeed/ru
   (PP `_allgather_params` L638-700): one list all_gather of them all, then a Python loop over every tensor and
   every rank that copies each rank's piece into place: tensors x ranks host operations per step. A second
   micro-batch of the same step gathers them one by one again in its forward pass.
+- Device memory traffic: each gather first zero-fills its full-size output (PP `_allgather_param` L607-609,
+  `torch.zeros`), and PyTorch's list all_gather copies the flattened result back into the per-rank views (see "Per-rank
+  slices"): the full tensor written once, then read and written once more. The zero-fill is followed by
+  torch.cuda.synchronize() (PP L611) before the module's own kernels are launched, so it never overlaps compute;
+  the copy-back runs on the gather's stream and hides with it. Each gradient bucket is flattened into a new
+  buffer, scaled in place by 1/world_size and copied back after the allreduce (S3 `allreduce_bucket` L1794-1809
+  `flatten` and `div_`, `allreduce_and_copy` L1822-1827 `buf.copy_`): read and written three times. All are
+  memory-bound kernels, priced at the device's achieved memory bandwidth.
+- Working set (memory): the gathered weights are those the prefetch rule above allows at once: the module being
+  computed, the tensors kept for later, and one prefetched tensor while the first two hold fewer than
+  `stage3_max_live_parameters` (a module's weights are released in its post-forward and post-backward hooks, S3
+  L1154-1180, before the next module's fetch). Full-size gradients: a bucket's gradients stay full size until the
+  next reduction partitions them (S3 `reduce_ipg_grads` L1689-1693 calls `partition_previous_reduced_grads`, whose
+  `partition_gradients` swaps `param.grad` for its shard, PP L846), so the previous bucket's and the arriving
+  tensor's gradients are live together, and the reduction itself flattens its bucket into a copy (S3
+  `allreduce_bucket` L1796): two of the largest tensor's gradients at the peak. Weights and gradients are summed,
+  an upper bound (their peaks may not coincide).
 - Gradients: stage 3's `contiguous_gradients` defaults to False (C L59, `ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_
   DEFAULT`), so `reduce_ipg_grads` (S3 L1689-1720) takes `buffered_reduce_fallback`, whose `allreduce_bucket`
   (S3 L1794-1820) forces rank=None: every bucket of up to `reduce_bucket_size` (5e8 elements, C L62) gradients is
@@ -76,6 +93,12 @@ SLICE_PYTHON_OP_S = 5.7e-6
 # (PP `_allgather_params` L674-696, synchronous path): `partitions[i].narrow`, `replicated_tensor.view(-1)`,
 # `.narrow`, `.copy_` (the copy also launches a kernel).
 POST_STEP_OPS = 4
+# Device memory traffic per element, in element sizes (module doc, "Device memory traffic"): a gather writes its
+# zero-filled output (ZERO_FILL), then copies the flattened result back (COPY_BACK: read + write); a gradient bucket
+# is flattened (read + write), divided in place (read + write) and copied back (read + write).
+ZERO_FILL = 1
+COPY_BACK = 2
+REDUCE_TRAFFIC = 6
 
 Tensors = tuple[list[tuple[float, int]], list[tuple[float, int]], float]
 
@@ -153,7 +176,12 @@ def per_micro(comm: Any, hw: Hardware, plan: Plan, group: Any, weight_element: f
     kept = _kept_after_rerun(block) if rerun else [False] * len(block)
 
     def gather(n: float) -> Any:
-        return comm.collective_time("allgather", n * weight_element, group, hw)
+        return comm.collective_time("allgather", n * weight_element, group, hw) + _traffic(hw, n * weight_element,
+                                                                                             COPY_BACK)
+
+    def fixed(n: float) -> Any:
+        """What the device waits for before the gather starts: the per-rank slices and the zero-fill."""
+        return slices + _traffic(hw, n * weight_element, ZERO_FILL)
 
     def pass_cost(order: list[float], window: Any, skip: list[bool], held: list[float]) -> tuple[Any, Any]:
         """(total, exposed) of gathering a block's tensors in `order` once, hiding each behind its
@@ -167,8 +195,8 @@ def per_micro(comm: Any, hw: Hardware, plan: Plan, group: Any, weight_element: f
             before = order[i - 1] if i else order[-1]  # the previous block's last module issued the first one
             hide = window * before / block_numel if before + held[i] < MAX_LIVE_PARAMETERS else 0.0
             shown = mathx.maximum(g - hide, 0.0)
-            total += g + slices
-            exposed += shown + stolen * (g - shown) + slices
+            total += g + fixed(n)
+            exposed += shown + stolen * (g - shown) + fixed(n)
         return total, exposed
 
     total = exposed = 0.0
@@ -183,11 +211,55 @@ def per_micro(comm: Any, hw: Hardware, plan: Plan, group: Any, weight_element: f
     for n, count in listed:
         if count == repeat and repeat > 1:
             continue
-        one = count * 2 * (gather(n) + slices)  # a tensor outside the block: gathered forward and backward, exposed
+        one = count * 2 * (gather(n) + fixed(n))  # a tensor outside the block: gathered forward and backward, exposed
         total, exposed = total + one, exposed + one
     buckets = max(math.ceil(params / REDUCE_BUCKET_SIZE), 1)
     reduce = buckets * comm.collective_time("allreduce", params / buckets * grad_element, group, hw)
+    reduce += _traffic(hw, params * grad_element, REDUCE_TRAFFIC)
     return total + reduce, exposed + reduce
+
+
+def _traffic(hw: Hardware, nbytes: float, passes: int) -> float:
+    """Seconds of `passes` reads or writes of `nbytes` in device memory at the achieved memory bandwidth (the
+    hardware file's `memory` efficiency: BabelStream-class copy kernels)."""
+    return passes * nbytes / (hw.device.memory_bandwidth * hw.device.eff("memory").peak)
+
+
+def working_set(model_tensors: Tensors, plan: Plan, weight_element: float, grad_element: float) -> float:
+    """Bytes of gathered weights and full-size gradients at stage 3's peak (module doc, "Working set")."""
+    listed, _, _ = model_tensors
+    if not listed:
+        return 0.0
+    repeat = max(c for _, c in listed)
+    block = [n for n, c in listed if c == repeat and repeat > 1]
+    rest = [n for n, c in listed if not (c == repeat and repeat > 1)]
+    rerun = plan.recompute in FULL and bool(block)
+    kept = _kept_after_rerun(block) if rerun else [False] * len(block)
+    none = [False] * len(block)
+    live = []
+    if block:  # the forward's first prefetch is issued by the previous block's last tensor
+        live += [_live(block, [0.0] * len(block), none, block[-1])]
+    if block and rerun:  # the rerun follows the next block's backward, which ends with its first tensor; the
+        # backward follows the rerun, whose last tensor is already in `held` when it is kept
+        live += [_live(block, _held(block, kept, backward=False), none, block[0]),
+                 _live(block[::-1], _held(block, kept, backward=True), kept[::-1], 0.0 if kept[-1] else block[-1])]
+    elif block:
+        live += [_live(block[::-1], [0.0] * len(block), none, block[0])]
+    live += [n + (block[0] if block and n < MAX_LIVE_PARAMETERS else 0.0) for n in rest]
+    return max(live) * weight_element + 2 * max(n for n, _ in listed) * grad_element
+
+
+def _live(order: list[float], held: list[float], skip: list[bool], first: float) -> float:
+    """The most elements gathered at once in one pass over `order`: while tensor i-1 computes (`first`, what is
+    gathered for the computation before the pass, for i = 0), it, the `held` ones and tensor i when the prefetch
+    may fetch it (fewer than MAX_LIVE_PARAMETERS gathered before it). A `skip`ped tensor is still gathered from its
+    rerun and counted in `held` (as in `per_micro`)."""
+    peak = 0.0
+    for i, n in enumerate(order):
+        n = 0.0 if skip[i] else n
+        before = (order[i - 1] if i else first) + held[i]
+        peak = max(peak, before + (n if before < MAX_LIVE_PARAMETERS else 0.0), n + held[i])
+    return peak
 
 
 def _ranks(group: Any) -> int:
