@@ -35,7 +35,7 @@ class InputCost:
 # dependent-multiply loop; Pillow 13.0.0, torch 2.13 CPU, one thread; fastest of 3 runs, the machine was shared):
 # augment 1,208 us, collate 182.5 us per sample. In the same session, with the same other jobs on the machine,
 # benchmarks/host_ops.py printed 32.2 us per forward launch on that VM against FRAMEWORK_HOST's 20.1 us on the Zen 4
-# reference (alone on the VM it printed 38-40 us, spec/hardware.py; the pair taken under the same load is used),
+# reference (alone on the VM it printed 38-40 us; the pair taken under the same load is used),
 # i.e. a single-thread speed of 20.1 / 32.2 = 0.624, by which its figures are converted to the reference (the same
 # conversion the engine applies to every host, device.host.speed).
 # Python's interpreter and Pillow's scalar resampling loop need not speed up alike across CPUs: by imread_benchmark's

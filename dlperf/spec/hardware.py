@@ -107,10 +107,8 @@ DEFAULT_LAUNCH_LATENCY = 5e-6
 #   per trace 0.55-2.55; benchmarks/trace_launch_gaps.py prints them). Profiled traces pay the profiler per operator
 #   in both passes, so only their ratio is used: a backward launch costs 1.28 x the forward one.
 # - The host CPU: these are Zen 4 figures, and Python and the dispatcher run on one thread, so they scale with that
-#   thread's speed. The same script on an Intel Xeon VM (family 6 model 207, Emerald Rapids; a dependent-multiply
-#   loop clocks it at ~2.7 GHz) printed 38-40 us forward and 19-21 us backward per launch on a quiet machine, 1.9-2.0x
-#   the Zen 4 figures: across server CPUs the host floor moves by about 2x. A hardware file names its host in
-#   `device.host` with `speed`, its single-thread speed relative to this Zen 4 reference, and the engine divides
+#   thread's speed (DGX A100's Zen 2 EPYC 7742 is 0.683 of it, Grace 0.362: HOST_REFERENCE). A hardware file names its
+#   host in `device.host` with `speed`, its single-thread speed relative to this Zen 4 reference, and the engine divides
 #   the per-launch cost by it (HOST_REFERENCE says how speeds are derived). A file without it gets the
 #   reference's figures, i.e. a fast host.
 # Still a lower bound on a GPU host: the counted launches are fewer than the kernels an eager layer really
@@ -128,6 +126,19 @@ DEFAULT_DISPATCH = (FRAMEWORK_HOST[0] + LAUNCH_CALL, BACKWARD_HOST_RATIO * (FRAM
 # geomean of 22 workloads at a fixed 4 GHz, reported by PC Gamer and Club386). An estimate from vendor figures,
 # not a measurement of the host: Python's branchy, front-end-bound interpreter may gain more or less per
 # generation than AMD's workload mix.
+# Intel Xeon hosts (Golden Cove / Raptor Cove P-cores) have no vendor IPC figure against Zen 4, so their speed is
+# measured: benchmarks/host_ops.py on an Intel Emerald Rapids VM (family 6 model 207; a dependent imul+add loop
+# clocks it at 3.69 GHz when quiet), 2 vCPUs shared with other jobs. Interference only adds time, and the floor
+# reproduces where the median follows the load: forward per launch over two sets of runs (11 and 12, each run the
+# median of 5 x 300 passes) had minima 21.0 and 20.8 us, medians 29.9 and 32.5 us; the runs whose clock loop read
+# >= 3.5 GHz before and after had 20.8-24.3 us. The floor, 20.8 us (backward 11.4 us, vs 10.7), over the reference's
+# 20.1 gives 0.966 at 3.69 GHz, scaled to a part by its max boost clock as for the AMD hosts (Sapphire Rapids taken
+# at Emerald Rapids' IPC: the same P-core generation, 2 MB L2 per core; Emerald Rapids has the larger L3). The
+# reference's 20.1 us is a median of 6 on its own VM: if that VM was loaded too, Xeon speeds are overstated.
+# An earlier session on a VM of the same model, whose clock loop read ~2.7 GHz, printed 38-40 us (28-29 us at 3.69
+# GHz, 1.35x the floor; engine/input.py): if that rather than the floor is the quiet figure, Xeon speeds are 0.74x.
+# Grace (Neoverse V2) is related to the DGX H100's Xeon 8480C by one benchmark run on both
+# (NVIDIA/TransformerEngine#2053: a torch.nn.Linear forward's host time, 37.08 us on GB200 vs 13.48 us).
 HOST_REFERENCE = "AMD Zen 4 (EPYC 9004) VM at 3.7 GHz"
 MEASURED_HOST = "the host that measured device.dispatch"
 DEFAULT_CHANNELS = 2  # "it should just launch 2 SMs" on a one-NIC system, NCCL's minimum (NVIDIA/nccl#689)
