@@ -90,6 +90,7 @@ class Plan:
     loader_workers: int = 0              # CPU loader worker processes per training process (data_backend cpu)
     input_ops: tuple[str, ...] = ()      # per-sample CPU work of the loader (dlperf.engine.input.INPUT_COSTS)
     grad_passes: tuple[str, ...] = ()    # per-micro-batch passes over the gradient (engine.grad_passes.GRAD_PASSES)
+    offload_layers: int = 0              # blocks whose saved activations go to host memory (dlperf.engine.offload)
 
     @property
     def data_parallel(self) -> int:
@@ -177,6 +178,7 @@ def _check_knobs(plan: Plan) -> None:
         raise PlanError("zero_impl deepspeed-0.3 runs without pipeline, context or expert parallelism",
                         expected="pp = cp = ep = 1", found=f"pp={plan.pp} cp={plan.cp} ep={plan.ep}")
     _check_activation_knobs(plan)
+    _check_offload(plan)
     _check_input(plan)
     _check_grad_passes(plan)
     value = plan.moe_imbalance
@@ -202,6 +204,21 @@ def _check_activation_knobs(plan: Plan) -> None:
     _choice("ep_dispatcher", plan.ep_dispatcher, EP_DISPATCHERS)
     if plan.ep_dispatcher != "alltoall" and plan.ep == 1:
         raise PlanError(f"--ep-dispatcher {plan.ep_dispatcher} moves expert tokens: it needs ep > 1", found=plan.ep)
+
+
+def _check_offload(plan: Plan) -> None:
+    """Activation offloading as Megatron-Core runs it through Transformer Engine (dlperf.engine.offload): one model
+    chunk per device whose forward and backward alternate, every layer's activations kept (TE's synchroniser
+    counts the model's layers, TransformerBlock passes config.num_layers; pipelines, full recomputation and
+    DualPipe's paired chunks are not priced)."""
+    n = plan.offload_layers
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise PlanError("offload_layers", expected="an integer >= 0", found=n)
+    if n and plan.pp > 1:
+        raise PlanError("offload_layers is priced for one pipeline stage", expected="pp = 1", found=plan.pp)
+    if n and plan.recompute in ("full", "except_last"):
+        raise PlanError("offload_layers moves kept activations: full recomputation keeps none to move",
+                        expected="--recompute none or selective", found=plan.recompute)
 
 
 def _check_input(plan: Plan) -> None:

@@ -89,6 +89,10 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--loader-workers", type=int, default=0, show_default=True,
                      help="CPU loader worker processes per training process (--data-backend cpu); where the "
                           "hardware file gives device.host.cores, at most the node's spare cores per process count."),
+        click.option("--offload-layers", type=int, default=0, show_default=True,
+                     help="Transformer layers whose saved activations go to host memory during forward and come "
+                          "back for backward (Megatron-Core --cpu-offloading-num-layers through Transformer "
+                          "Engine; pp 1; needs device.host_link in the hardware file)."),
         click.option("--input-ops", default="", show_default=False,
                      help="Comma-separated per-sample CPU work of the loader, e.g. "
                           "jpeg-decode-pillow,rrc224-flip-pillow,fast-collate (dlperf.engine.input.INPUT_COSTS)."),
@@ -157,6 +161,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         memory_format=opts.get("memory_format") or "nhwc",
         data_backend=opts.get("data_backend") or "synthetic", loader_workers=opts.get("loader_workers") or 0,
         input_ops=_names(opts.get("input_ops")), grad_passes=_names(opts.get("grad_passes")),
+        offload_layers=opts.get("offload_layers") or 0,
     )
     if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
         from dlperf.engine.defaults import default_plan

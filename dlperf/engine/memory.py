@@ -70,17 +70,28 @@ def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], 
         # parallelism (tensor parallelism alone replicates them)
         shard = (plan.tp if plan.sequence_parallel else 1) * plan.cp
         acts = _block_inputs(model, plan, dtype) * plan.micro / shard * micro_batches_in_flight
-        acts += max(s.saved_bytes - s.saved_outside for s in stages) / max(_blocks_in_stage(model, plan), 1)
+        acts += max(s.saved_bytes - s.saved_outside for s in stages) / max(blocks_in_stage(model, plan), 1)
         # the layers around the blocks (embeddings, output layer, loss) are not rerun: they keep their
         # activations for every micro-batch their stage holds
         acts += mathx.maximum(*(s.saved_outside * _stage_in_flight(plan, i, micro_batches_in_flight)
                                 for i, s in enumerate(stages)))
     else:
-        acts = mathx.maximum(*(s.saved_bytes * _stage_in_flight(plan, i, micro_batches_in_flight)
+        acts = mathx.maximum(*(_resident(model, plan, s) * _stage_in_flight(plan, i, micro_batches_in_flight)
                                for i, s in enumerate(stages)))
     if plan.zero >= 3 and plan.data_parallel > 1:
         states["gathered"] = _zero3_working_set(model, plan, max(s.params for s in stages), dtype)
     return _with_totals(hw, plan, states, acts)
+
+
+def _resident(model: Model, plan: Plan, stage: StageCost) -> Any:
+    """A stage's saved activations per micro-batch that stay on the device: all of them, less the offloaded
+    layers' share of the blocks' when activations are offloaded (dlperf.engine.offload: (L-N)/L of them stay)."""
+    if not plan.offload_layers:
+        return stage.saved_bytes
+    from dlperf.engine.offload import resident_blocks
+
+    kept = resident_blocks(plan, blocks_in_stage(model, plan))
+    return stage.saved_bytes - stage.saved_blocks * (1 - kept)
 
 
 def dualpipe_per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost],
@@ -176,7 +187,7 @@ def paired_layer(model: Model, plan: Plan) -> float:
     the last backward alone, combined_1f1b.py lines 51-65), so as one micro-batch's layers fill the other's empty:
     j+1 + L-j layers at once, one micro-batch and one layer. A layer is taken as the stage's activations over
     its blocks."""
-    return 1 / max(_blocks_in_stage(model, plan), 1)
+    return 1 / max(blocks_in_stage(model, plan), 1)
 
 
 def _blocks(model: Model) -> list[Any]:
@@ -188,10 +199,10 @@ def _blocks(model: Model) -> list[Any]:
 def gather_units(model: Model, plan: Plan) -> int:
     """How many units ZeRO-3 gathers parameters in on one stage: the repeated blocks it holds (FSDP wraps each
     transformer block), or 1 for a model without a repeated block."""
-    return max(_blocks_in_stage(model, plan), 1) if _blocks(model) else 1
+    return max(blocks_in_stage(model, plan), 1) if _blocks(model) else 1
 
 
-def _blocks_in_stage(model: Model, plan: Plan) -> int:
+def blocks_in_stage(model: Model, plan: Plan) -> int:
     return sum(b.repeat for b in _blocks(model)) // plan.pp or 1
 
 

@@ -51,6 +51,7 @@ class StageCost:
     params: Any = 0
     saved_bytes: Any = 0.0          # activations kept for backward, per micro-batch
     saved_outside: Any = 0.0        # ... of those, the layers full recomputation does not rerun (_full_rerun)
+    saved_blocks: Any = 0.0         # ... of those, the repeated blocks' (what activation offloading moves to host)
     per_type: dict[str, Any] = field(default_factory=dict)
     synced_params: Any = None       # parameters data parallelism allreduces (None: all of `params`)
     host_fwd: Any = 0.0             # host seconds to issue the forward kernels of one micro-batch
@@ -77,10 +78,10 @@ class StageCost:
 
     def __add__(self, other: StageCost) -> StageCost:
         """Two parts of one device's work run one after the other (e.g. the convolutional body and the head)."""
-        names = ("forward", "backward", "recompute", "tp_comm_fwd", "tp_comm_bwd", "params",
-                 "saved_bytes", "saved_outside", "host_fwd", "host_bwd", "host_recompute", "ep_comm_fwd", "ep_comm_bwd",
-                 "cp_comm_fwd", "cp_comm_bwd", "expert_params", "backward_weight", "tp_comm_rerun", "ep_comm_rerun",
-                 "cp_comm_rerun")
+        names = ("forward", "backward", "recompute", "tp_comm_fwd", "tp_comm_bwd", "params", "saved_bytes",
+                 "saved_outside", "saved_blocks", "host_fwd", "host_bwd", "host_recompute", "ep_comm_fwd",
+                 "ep_comm_bwd", "cp_comm_fwd", "cp_comm_bwd", "expert_params", "backward_weight", "tp_comm_rerun",
+                 "ep_comm_rerun", "cp_comm_rerun")
         out = StageCost(**{n: getattr(self, n) + getattr(other, n) for n in names})
         for part in (self, other):
             for key, value in part.per_type.items():
@@ -231,6 +232,8 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
             saved = saved - freed * batch / divisor
         saved = use.count * (saved / par.cp if par.cp > 1 else saved)
         out.saved_bytes = out.saved_bytes + saved
+        if use.in_block:
+            out.saved_blocks = out.saved_blocks + saved
         if recompute in FULL and not _full_rerun(recompute, use):
             out.saved_outside = out.saved_outside + saved
     return out

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from dlperf import mathx
 from dlperf.comm import ep_kernels
 from dlperf.engine import memory as mem
-from dlperf.engine import zero_impl
+from dlperf.engine import offload, zero_impl
 from dlperf.engine.context import DISPATCHER_SMS, Parallel
 from dlperf.engine.grad_passes import grad_pass_time
 from dlperf.engine.input import input_note, input_wait
@@ -58,6 +58,7 @@ class Passes(NamedTuple):
     ep_fwd: Any
     ep_bwd: Any
     host_excess: Any   # what the host adds beyond the device's work, both passes
+    offload: Any = 0.0  # what waiting on activation copies to and from host memory adds, both passes
 
 
 @dataclass
@@ -254,6 +255,7 @@ class StepModel:
     def timeline(self, plan: Plan) -> Timeline:
         validate(plan, heads=self.heads, layers=self.layers)
         _check_ep_cp(self.model, plan)
+        offload.check(plan, self.hw, mem.blocks_in_stage(self.model, plan))
         step, breakdown, memory, slow, dtype, staleness = self._evaluate(plan, plan.micro_batches,
                                                                           plan.virtual_stages)
         return Timeline(plan, step, breakdown, memory, slow, dtype, staleness)
@@ -266,6 +268,7 @@ class StepModel:
 
         validate(plan, heads=self.heads, layers=self.layers)
         _check_ep_cp(self.model, plan)
+        offload.check(plan, self.hw, mem.blocks_in_stage(self.model, plan))
         gb = np.asarray(global_batch, dtype=float)
         v = np.asarray(plan.virtual_stages if virtual_stages is None else virtual_stages, dtype=float)
         m = gb / (plan.data_parallel * plan.micro)
@@ -323,6 +326,7 @@ class StepModel:
             "comm/ep": m * (t.ep_fwd + t.ep_bwd + share * slow.ep_comm_rerun),
             "comm/cp": m * (slow.cp_comm_fwd + slow.cp_comm_bwd + share * slow.cp_comm_rerun),
             "overhead/host": m * t.host_excess,
+            "comm/host_offload": m * t.offload,
             "comm/pp_p2p": p2p,
             "pipeline/bubble": bubble,
             "comm/dp_allreduce": step - compute if plan.consistency != "sync" else dp_exposed,
@@ -413,8 +417,10 @@ class StepModel:
         accumulate = _grad_accumulation(self.hw, plan, stage.params, dtype)
         t_fwd, t_bwd, device_fwd, device_bwd = self._straggling(plan, stage).passes(accumulate, (ep_fwd, ep_bwd),
                                                                                      share)
-        return Passes(t_fwd, t_bwd, stage.recompute * share, accumulate, ep_fwd, ep_bwd,
-                      (t_fwd - device_fwd) + (t_bwd - device_bwd))
+        wait_fwd, wait_bwd = offload.exposed(plan, self.hw, mem.blocks_in_stage(self.model, plan), stage.saved_blocks,
+                                             t_fwd, t_bwd)
+        return Passes(t_fwd + wait_fwd, t_bwd + wait_bwd, stage.recompute * share, accumulate, ep_fwd, ep_bwd,
+                      (t_fwd - device_fwd) + (t_bwd - device_bwd), wait_fwd + wait_bwd)
 
     def _straggling(self, plan: Plan, stage: StageCost) -> StageCost:
         """The stage's kernels at the pace of the slowest of the plan's devices (dlperf.engine.straggler: every

@@ -207,6 +207,9 @@ class Device:
     # input pipeline (dlperf.engine.input): device.host.speed itself, and the node's physical cores (0: not given)
     host_speed: float = 1.0
     host_cores: int = 0
+    # host memory <-> device copy bandwidth per device (device.host_link; 0: not given), for activation offloading
+    host_to_device: float = 0.0
+    device_to_host: float = 0.0
     dtype_curves: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -318,8 +321,9 @@ _TOP_KEYS = ("name", "source", "description", "device", "network", "price_per_de
 MAX_EXTENDS_DEPTH = 8  # bases above a file; more is a mistake (a chain, not a cycle: cycles are caught apart)
 _DEVICE_KEYS = (
     "name", "peak_flops", "memory", "memory_bandwidth", "launch_latency", "efficiency", "source", "sms", "dispatch",
-    "memory_reserved", "memory_fragmentation", "speed_spread", "host",
+    "memory_reserved", "memory_fragmentation", "speed_spread", "host", "host_link",
 )
+_HOST_LINK_KEYS = ("h2d", "d2h", "source")
 _DISPATCH_KEYS = ("forward", "backward", "source")
 _HOST_KEYS = ("cpu", "speed", "source", "cores")
 MAX_HOST_SPEED = 100.0  # single-thread speed over the reference CPU; more is a typo, not a CPU
@@ -514,7 +518,19 @@ def _device(node: Any, file: str) -> Device:
         host_speed=speed,
         host_cores=cores,
         **_reserve(node, file),
+        **_host_link(node, file),
     )
+
+
+def _host_link(node: dict, file: str) -> dict[str, float]:
+    """device.host_link: measured copy bandwidths per device, host to device (h2d) and device to host (d2h), each
+    a copy engine's cudaMemcpyAsync rate to or from pinned host memory (nvbandwidth's *_memcpy_ce)."""
+    if "host_link" not in node:
+        return {}
+    link = _section(node, "host_link", file, "device.host_link")
+    check_keys(link, _HOST_LINK_KEYS, file, "device.host_link", required=("h2d", "d2h", "source"))
+    return {"host_to_device": _quantity(link, "h2d", "bandwidth", file, "device.host_link"),
+            "device_to_host": _quantity(link, "d2h", "bandwidth", file, "device.host_link")}
 
 
 def _speed_spread(node: dict, file: str) -> float:
