@@ -223,14 +223,22 @@ def _applicable(space: SearchSpace, model: Any, base: Plan, device: str = "") ->
     MLA/MoE recipes' (DeepSeek-V3 Sec. 3.2.3; Megatron-Core's mla_up_proj and moe_act): on other models only
     `layernorm` applies, freeing one input per MLP, and it is not searched there, to keep the search's time
     (benchmarks/bench_vs_baseline.py). FP8 caching needs an FP8 recipe."""
-    mla_moe = any(layer.op in ("mla", "moe") for layer, _ in model.counted())
+    ops = {layer.op for layer, _ in model.counted()}
+    mla_moe = bool(ops & {"mla", "moe"})
     if space.ep_dispatcher is None:
         space = replace(space, ep_dispatcher=_dispatchers(model, device))
     if space.recompute_modules is None:
-        space = replace(space, recompute_modules=((), RECOMPUTE_MODULES) if mla_moe else ((),))
+        space = replace(space, recompute_modules=((), _present_modules(ops)) if mla_moe else ((),))
     if space.fp8_activations is None:
         space = replace(space, fp8_activations=(False, True) if mla_moe and base.dtype == "fp8" else (False,))
     return space
+
+
+def _present_modules(ops: set[str]) -> tuple[str, ...]:
+    """The partial-recomputation modules the model has: mla_up_proj needs an MLA layer, moe_act a MoE one (a
+    plan naming one the model lacks would recompute nothing, and printing it would mislead)."""
+    needs = {"mla_up_proj": "mla", "moe_act": "moe"}
+    return tuple(m for m in RECOMPUTE_MODULES if needs.get(m, "") in ops or m not in needs)
 
 
 def _dispatchers(model: Any, device: str) -> tuple[str, ...]:

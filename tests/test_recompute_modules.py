@@ -239,3 +239,15 @@ def test_hybridep_dualpipe_slower_than_deepep_in_bf16(model, h800):
     deepep = predict(model, h800, plan.with_(ep_dispatcher="deepep"))
     hybridep = predict(model, h800, plan.with_(ep_dispatcher="hybridep"))
     assert hybridep.step_time_s > deepep.step_time_s
+
+
+@pytest.mark.parametrize(("model", "modules"), [
+    ("deepseek-v3", ("layernorm", "mla_up_proj", "moe_act")),
+    ("gpt-oss-120b", ("layernorm", "moe_act")),      # MoE without MLA: no mla_up_proj to recompute
+    ("qwen3-30b-a3b", ("layernorm", "moe_act")),
+])
+def test_search_offers_only_the_modules_the_model_has(model, modules):
+    from dlperf.search import SearchSpace, _applicable
+
+    space = _applicable(SearchSpace(), load_model(model), Plan(devices=8, global_batch=8))
+    assert space.recompute_modules == ((), modules)
