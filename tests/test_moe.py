@@ -683,3 +683,66 @@ def test_expert_bias_counts_gate_up_and_down_biases():
     plain = model_from_dict(_doc([moe]), "t", {}).total_params
     biased = model_from_dict(_doc([{**moe, "expert_bias": True}]), "t", {}).total_params
     assert biased - plain == 4 * (2 * 64 + 32)
+
+
+def test_sliding_window_matches_cudnn_gpt_oss_benchmark():
+    """cuDNN skips the key tiles outside a sliding window: NVIDIA's cudnn-frontend SDPA benchmark for GPT-OSS
+    (benchmark/sdpa_benchmark_training/results/gpt_oss/{gb200,gb300}/*.csv @3929da2e, cuDNN 9.22, BF16, batch 2,
+    128 heads of 64, window 128, top_left causal, non-deterministic backward) times forward + backward at 0.210 +
+    0.465 ms on GB200 and 0.202 + 0.442 on GB300 at 4k tokens, growing linearly with the sequence (0.414 + 0.911
+    at 8k on GB200), not quadratically. dlperf's windowed kernel agrees within 10%."""
+    from dlperf.engine.device import kernel_times
+
+    model = model_from_dict(_window_doc(128, 4096, heads=128), "t", {})
+    layer = next(layer for layer, _ in model.counted() if layer.op == "attention")
+    kernel = next(k for k in OPS["attention"].kernels(layer, 2, 2) if k.name == "flash_attention")
+    for hardware, measured in (("gb200-nvl72", 0.675e-3), ("dgx-gb300", 0.644e-3)):
+        fwd, bwd = kernel_times(kernel, load_hardware(hardware).device, "bf16")
+        assert fwd + bwd == pytest.approx(measured, rel=0.10)
+
+
+def _expert_kernels(**attrs) -> dict:
+    moe = {"op": "moe", "experts": 4, "top_k": 2, "ffn": 64, "gated": True, **attrs}
+    model = model_from_dict(_doc([moe]), "t", {})
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    return {k.name: k for k in OPS["moe"].kernels(layer, 1, 2)}
+
+
+def test_expert_down_bias_is_megatron_eager_fp32_add():
+    """Megatron-Core's TEGroupedMLP._apply_bias (@3758b54b): t + b * p per expert in fp32, a cat and a cast:
+    7 fp32-sized passes over the [routed, d] output forward, 9 backward."""
+    plain, biased = _expert_kernels(), _expert_kernels(expert_bias=True)
+    assert "expert_down_bias" not in plain
+    kernel = biased["expert_down_bias"]
+    routed, d = 64 * 2, 32
+    assert kernel.cost.fwd_bytes == 7 * 4 * routed * d
+    assert kernel.cost.bwd_bytes == 9 * 4 * routed * d
+    assert kernel.expert and kernel.launches == 2 * 4 + 2
+
+
+def test_act_clamp_is_eager_clamp_and_cat_and_recomputed_with_moe_act():
+    """weighted_bias_quick_geglu_impl (@3758b54b) clamps both halves of the [routed, 2f] fc1 output and cats them
+    before the compiled activation: 4 passes forward, 5 backward; moe_act recomputation reruns it."""
+    from dlperf.ops.recompute import rerun_kernels
+
+    assert "expert_act_clamp" not in _expert_kernels()
+    kernel = _expert_kernels(act_clamp=7.0)["expert_act_clamp"]
+    n = 64 * 2 * 2 * 64
+    assert (kernel.cost.fwd_bytes, kernel.cost.bwd_bytes) == (4 * 2 * n, 5 * 2 * n)
+    model = model_from_dict(_doc([{"op": "moe", "experts": 4, "top_k": 2, "ffn": 64, "act_clamp": 7.0}]), "t", {})
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    assert "expert_act_clamp" in rerun_kernels(layer, frozenset({"moe_act"}))
+    assert "expert_act_clamp" not in rerun_kernels(layer, frozenset({"layernorm"}))
+
+
+def test_gpt_oss_extras_slow_the_step():
+    """The clamp and the eager down-projection bias cost gpt-oss time: without them the same plan is faster."""
+    hw = load_hardware("gb200-nvl72")
+    plan = Plan(devices=64, ep=64, global_batch=1280, micro_batch=4, zero=1, dtype="bf16")
+    full = predict(load_model("gpt-oss-120b"), hw, plan).step_time_s
+    doc = json.loads(json.dumps(__import__("yaml").safe_load(
+        (Path(__file__).parents[1] / "models" / "gpt-oss-120b.yaml").read_text())))
+    moe = doc["blocks"]["experts"]["layers"][0]["residual"][1]
+    moe.pop("act_clamp")
+    moe["expert_bias"] = False
+    assert predict(model_from_dict(doc, "t", {}), hw, plan).step_time_s < full

@@ -162,6 +162,41 @@ def _bookkeeping(layer: Layer, t: Any, e: int, local: Any, ep: bool, dispatcher:
     return out
 
 
+def _expert_extras(layer: Layer, routed: Any, d: Any, f: Any, e: int, local: Any) -> list[Kernel]:
+    """Eager PyTorch operators Megatron-Core runs around the experts' fused kernels when the experts have biases
+    or a clamped GLU (gpt-oss), read at the Megatron-LM commit Megatron-Bridge's GPT-OSS recipes pin
+    (NVIDIA-NeMo/Megatron-Bridge @0a25f911 3rdparty/Megatron-LM = NVIDIA/Megatron-LM @3758b54b):
+
+    - `act_clamp` (fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl): the gate half clamped from above and
+      the linear half to [-c, c] by two torch.clamp calls and glued back by torch.cat *before* the compiled
+      quick-GEGLU, so not fused into it: forward, the clamps read and write the [rows, 2f] fc1 output once and the
+      cat once more (4 passes, 3 launches); backward, the two clamps' gradients read the gradient and the input
+      and write (3 passes over each half; the masks' own bool tensors left out, a lower bound) and the chunk's
+      gradient is a cat (2 passes), 3 launches. Inside the moe_act recomputation (bias_act_func is checkpointed
+      whole).
+    - `expert_bias` (transformer/moe/experts.py TEGroupedMLP: linear_fc1 adds its bias inside Transformer Engine's
+      grouped GEMM, skip_bias_add=False; linear_fc2 has skip_bias_add=True and `_apply_bias` adds it afterwards):
+      per resident expert `t + b * p` over its rows (p the fp32 routing probability, ROUTER_BYTES, so the
+      product and sum promote to fp32), then torch.cat and .to(bf16). Forward bytes per element of the [rows, d]
+      output: b*p writes 4, the add reads 2 + 4 and writes 4, the cat reads and writes 4, the cast reads 4 and
+      writes 2 (28 = 7 fp32-sized passes); backward: the cast's gradient up to fp32 (2 + 4), the add's to t back
+      to bf16 (4 + 2), and the product's two gradients g*p and g*b, each written in fp32 and summed over a
+      dimension (4 + 4 + 4 each): 36 = 9 passes. Launches 2 per expert + 2 forward, 5 per expert + 1 backward."""
+    out: list[Kernel] = []
+    groups = local if isinstance(local, int) else 1
+    if layer["act_clamp"] is not None and layer["gated"]:
+        n = routed * 2 * f
+        out.append(Kernel("expert_act_clamp", "memory", Cost(fwd_flops=2 * n, fwd_bytes=4 * e * n,
+                                                             bwd_bytes=5 * e * n, depth=1, bwd_depth=1),
+                          launches=3, bwd_launches=3, expert=True))
+    if layer["expert_bias"]:
+        n = routed * d
+        out.append(Kernel("expert_down_bias", "memory", Cost(
+            fwd_flops=2 * n, bwd_data_flops=4 * n, fwd_bytes=7 * ROUTER_BYTES * n, bwd_bytes=9 * ROUTER_BYTES * n,
+            depth=1, bwd_depth=clog2(routed)), launches=2 * groups + 2, bwd_launches=5 * groups + 1, expert=True))
+    return out
+
+
 def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None,
                 dispatcher: str = "alltoall") -> tuple[Kernel, ...]:
     """The layer's kernels on a device that holds `resident` of its experts (None: all of them; expert
@@ -188,6 +223,7 @@ def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None,
         bwd_bytes=e * (2 * routed * d + t * d), depth=clog2(k), bwd_depth=1), bwd_launches=1, split=False)
     local = n_exp if resident is None else resident
     kernels = [router, gating, permute, *_ffn_kernels("expert", routed, d, f, layer["gated"], e, True, local),
+               *_expert_extras(layer, routed, d, f, e, local),
                combine, *_bookkeeping(layer, t, e, local, resident is not None, dispatcher)]
     width = _shared_width(layer)
     if width:
@@ -264,7 +300,7 @@ def _moe_check(shape: tuple, a: dict) -> None:
 MOE = OpRule(
     attrs={"experts": REQUIRED, "top_k": REQUIRED, "ffn": REQUIRED, "shared_experts": 0, "shared_ffn": None,
            "gated": True, "capacity_factor": None, "router_bias": False, "shared_gate": False, "groups": None,
-           "top_groups": None, "probs_in_expert": False, "expert_bias": False},
+           "top_groups": None, "probs_in_expert": False, "expert_bias": False, "act_clamp": None},
     shape=lambda s, a: s,
     params=_moe_params,
     kernels=moe_kernels,

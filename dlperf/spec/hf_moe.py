@@ -239,7 +239,9 @@ def gpt_oss(config: dict) -> dict:
         "top_k": _get(config, "num_experts_per_tok"),
         "window": _get(config, "sliding_window"),
     } | causal_flash()
-    moe = _moe(experts="experts", top_k="top_k", ffn="ffn", router_bias=True, expert_bias=True)
+    clamp = config.get("swiglu_limit")  # the SwiGLU's clamp (GptOssExperts.limit), priced as Megatron-Core runs it
+    moe = _moe(experts="experts", top_k="top_k", ffn="ffn", router_bias=True, expert_bias=True,
+               **({"act_clamp": float(clamp)} if clamp else {}))
     blocks = {}
     for kind, window in (("sliding_attention", {"window": "window"}), ("full_attention", {})):
         attention = _attention(bool(config.get("attention_bias", True)))
