@@ -11,9 +11,10 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "dualpipe")
 RECOMPUTE = ("none", "selective", "full", "except_last")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 CONSISTENCY = ("sync", "ssp", "async")
-# Compute dtypes; fp8 and mxfp8 name FP8 training recipes (dlperf.ops.fp8), gradients never travel in mxfp8.
-DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8")
-GRAD_DTYPES = DTYPES[:-1]
+# Compute dtypes; fp8, mxfp8 and nvfp4 name low-precision training recipes (dlperf.ops.fp8); gradients never travel
+# in a block-scaled format (mxfp8, nvfp4).
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4")
+GRAD_DTYPES = DTYPES[:-2]
 CP_ALGORITHMS = ("ring", "ulysses")
 # Parts of a layer whose outputs are not kept for backward but recomputed there (Megatron-Core's
 # --recompute-modules names; DeepSeek-V3, arXiv:2412.19437, Sec. 3.2.3 and 3.3.3): "layernorm", every

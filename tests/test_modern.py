@@ -173,6 +173,41 @@ def test_mxfp8_step_on_b200_sits_between_fp8_and_bf16() -> None:
     assert mx.memory["fp8_weights"] == pytest.approx(fp8.memory["fp8_weights"] * 33 / 32)
 
 
+def test_nvfp4_operands_are_half_a_byte_and_one_scale_byte_per_16_elements() -> None:
+    """NVFP4 (TE's NVFP4BlockScaling): E2M1 values with an E4M3 scale per 16, 0.5 + 1/16 bytes per element; its
+    quantize reads the 16-bit tensor twice (the amax pass, then the cast) and writes two copies; the Hadamard
+    transform adds 32 FLOPs per element; the GEMM's FLOPs are the same, timed on the nvfp4 peak."""
+    m, k, n, b = 4096, 2048, 8192, 0.5 + 1 / 16
+    x = gemm("gemm", m, k, n, 2)
+    (_, main), (fp4_cast, fp4_main) = fp8_kernels([x], 2), fp8_kernels([x], 2, "nvfp4")
+    assert fp4_main.cls == FP8_GEMM and fp4_main.cost.work == main.cost.work
+    assert kernel_dtype(fp4_main, "nvfp4") == "nvfp4" and kernel_dtype(fp4_cast, "nvfp4") == "bf16"
+    assert fp4_cast.cost.fwd_bytes == pytest.approx((2 * 2 + 2 * b) * m * k)
+    assert fp4_cast.cost.bwd_bytes == pytest.approx((2 * 2 + 2 * b) * m * n)
+    assert fp4_cast.cost.fwd_flops == pytest.approx((2 + 32) * m * k)
+    assert fp4_main.cost.fwd_bytes == pytest.approx(b * (m * k + k * n) + 2 * m * n)
+
+
+def test_nvfp4_step_on_blackwell_is_faster_than_mxfp8_and_bf16() -> None:
+    """A GEMM-bound model: nvfp4 <= mxfp8 <= bf16 on every Blackwell part with an FP4 peak; the cached weight
+    copies shrink to 2 x 9/16 bytes per parameter."""
+    model = load_model("llama3-8b", {"layers": 2, "seq": 4096})
+    plan = Plan(devices=1, global_batch=4, micro_batch=2)
+    for name in ("dgx-b200", "gb200-nvl72", "dgx-gb300"):
+        hw = load_hardware(name)
+        bf16, mx, fp4 = (predict(model, hw, plan.with_(dtype=d)) for d in ("bf16", "mxfp8", "nvfp4"))
+        assert fp4.step_time_s < mx.step_time_s < bf16.step_time_s, name
+        assert fp4.memory["fp8_weights"] == pytest.approx(mx.memory["fp8_weights"] * (9 / 16) / (33 / 32))
+
+
+def test_nvfp4_is_refused_on_hopper(run) -> None:  # noqa: ANN001 - fixture
+    code, out, err = run("predict", "llama3-8b", "dgx-h100", "--gpus", "8", "--dtype", "nvfp4")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "no peak_flops for nvfp4" in err and "FP4 tensor cores" in err
+    code, _, err = run("predict", "llama3-8b", "dgx-b200", "--gpus", "8", "--grad-dtype", "nvfp4")
+    assert code == 2 and "nvfp4" in err and len(err.strip().splitlines()) == 1
+
+
 def test_mxfp8_is_refused_where_there_are_no_block_scaled_tensor_cores(run) -> None:  # noqa: ANN001 - fixture
     code, out, err = run("predict", "llama3-8b", "dgx-h100", "--gpus", "8", "--dtype", "mxfp8")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1

@@ -208,14 +208,15 @@ def test_a_faster_host_more_workers_or_cores_and_nhwc_are_never_slower(model, hw
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
-@given(dtype=st.sampled_from(["fp8", "mxfp8"]), hw=st.sampled_from(["dgx-b200", "gb200-nvl72"]),
+@given(dtype=st.sampled_from(["fp8", "mxfp8", "nvfp4"]),
+       hw=st.sampled_from(["dgx-b200", "gb200-nvl72", "dgx-gb300"]),
        pp=st.sampled_from([1, 2]), dp=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1, 3]),
        recompute=st.sampled_from(["none", "selective", "full"]),
        constant=st.sampled_from(("peak_flops", "memory_bandwidth", "launch_latency", "network_bandwidth")),
        factor=st.sampled_from([1.1, 2.0]))
 def test_better_blackwell_hardware_never_slows_an_fp8_recipe(dtype, hw, pp, dp, zero, recompute, constant, factor):
-    """The FP8 recipes (per-tensor FP8 and MXFP8, whose GEMMs run on the mxfp8 peak) keep the invariant over
-    pipelines, ZeRO and recomputation: scaling every peak scales the FP8 ones too."""
+    """The low-precision recipes (per-tensor FP8, MXFP8 and NVFP4, whose GEMMs run on their own peaks) keep the
+    invariant over pipelines, ZeRO and recomputation: scaling every peak scales the FP8 and FP4 ones too."""
     model = load_model("llama3-8b", {"layers": 4, "seq": 2048})
     plan = Plan(devices=dp * pp, pp=pp, global_batch=4 * dp, micro_batch=1, zero=zero, recompute=recompute,
                 dtype=dtype)

@@ -96,7 +96,7 @@ def test_every_builtin_row_names_a_cited_source_and_a_place_in_it():
 
 def test_builtin_dataset_loads_with_unique_ids_and_known_units():
     rows, pending = load_dataset(), load_pending()
-    assert (len(rows), len(pending)) == (2099, 154)
+    assert (len(rows), len(pending)) == (2117, 136)
     assert len({r.id for r in [*rows, *pending]}) == len(rows) + len(pending)
     assert {r.unit for r in [*rows, *pending]} <= set(UNITS)
     assert all(r.citation for r in [*rows, *pending])
@@ -236,7 +236,9 @@ def test_megatron_bridge_blackwell_and_moe_rows_carry_the_published_figures():
     # the parenthesised 25.09 layout is the MX run's own: PP 8, VP 2, GA 64 -> 2835
     assert pending["mbridge-2509-deepseek-v3-gb200-mxfp8-tokendrop"].plan["pp"] == 8
     assert pending["mbridge-2509-deepseek-v3-gb200-mxfp8-tokendrop"].value == 2835
-    assert set(pending["mbridge-2602-llama3-70b-gb300-nvfp4"].waits_for) == {"nvfp4"}  # dgx-gb300 exists now
+    nvfp4 = rows["mbridge-2602-llama3-70b-gb300-nvfp4"]  # scored since --dtype nvfp4 (dlperf.ops.fp8)
+    assert (nvfp4.value, nvfp4.plan.dtype, nvfp4.plan.pp, nvfp4.plan.virtual_stages) == (6798, "nvfp4", 4, 5)
+    assert set(pending["mbridge-2606-nemotron-3-super-gb300-nvfp4"].waits_for) == {"nvfp4", "model"}
     assert set(pending["mbridge-2511-llama3-70b-gb200-fp8cs"].waits_for) == {"cpu_offload"}
     assert set(pending["mbridge-2511-qwen3-235b-a22b-h100-fp8cs"].waits_for) == {"ep_over_tp"}
     # gpt-oss-120b is a built-in now: its H100 row is scored with the 26.02 V2 preset's layout (PP 4, EP 8, MBS 1)
@@ -664,7 +666,7 @@ def mae(results: list[Result], *tags: str) -> float:
 
 def test_every_scored_row_counted_and_plans_ranked(results):
     # Issue 12's ranking acceptance: median within-group Spearman >= 0.9 (0.98 over 219 groups)
-    assert len(results) == 2099
+    assert len(results) == 2117
     assert median_spearman(results) >= 0.9
 
 
@@ -881,8 +883,9 @@ def _gpt_oss(results: list[Result]) -> list[Result]:
 def test_megatron_bridge_tolerance_tests_score_the_rows_they_name(results):
     # outside the tolerance tests below, so that a miscount cannot pass as the strict xfail's expected failure
     # FP8 27: 8B x 5 (B200 2, GB200 2, GB300 1), 70B x 8 with activation offloading (GB200 4, GB300 4), 405B x 14
-    # (2, 6, 6); MXFP8 27: 8B x 5 (2, 2, 1), 70B x 9 (GB200 5, GB300 4), 405B x 13 (2, 6, 5)
-    assert len(_blackwell_llama3(results)) == 54
+    # (2, 6, 6); MXFP8 27: 8B x 5 (2, 2, 1), 70B x 9 (GB200 5, GB300 4), 405B x 13 (2, 6, 5); NVFP4 18: 70B x 8
+    # (GB200 4, GB300 4), 405B x 10 (GB200 5, GB300 5)
+    assert len(_blackwell_llama3(results)) == 72
     # FP8 9: Qwen3-30B x 6, Qwen3-235B x 1, DeepSeek-V3 token-drop x 2; MXFP8 8 on B200/GB200; HybridEP 61
     # (DeepSeek-V3 22, Qwen3-235B 16, Qwen3-30B 23)
     assert len(_new_moe(results)) == 78

@@ -16,7 +16,7 @@ from dlperf.ops.elementwise import _pair, pool_out
 
 ALGORITHMS = ("direct", "im2col", "winograd", "fft", "auto")
 WINOGRAD_M = 4  # cuDNN's non-fused Winograd uses F(4x4, 3x3) tiles; F(2x2, 3x3) is also supported via winograd_m
-TENSOR_CORE_DTYPES = ("fp16", "bf16", "tf32", "fp8", "mxfp8")
+TENSOR_CORE_DTYPES = ("fp16", "bf16", "tf32", "fp8", "mxfp8", "nvfp4")
 
 
 def _geometry(layer: Layer) -> dict[str, Any]:

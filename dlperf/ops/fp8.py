@@ -1,4 +1,4 @@
-"""What an FP8 training recipe does to a layer's kernels (`--dtype fp8`, `--dtype mxfp8`).
+"""What an FP8 or FP4 training recipe does to a layer's kernels (`--dtype fp8`, `--dtype mxfp8`, `--dtype nvfp4`).
 
 FP8 training as Transformer Engine runs it (Micikevicius et al. 2022, "FP8 Formats for Deep Learning",
 arXiv:2209.05433, sections 3-4; NVIDIA Transformer Engine docs, "Using FP8 with Transformer Engine"): only the
@@ -26,6 +26,21 @@ transpose of the quantized one: TE keeps a row-wise and a column-wise copy, each
 with its own scales (TE user guide, "Performance considerations: handling transposes", tensor usages) -- the two
 outputs Hopper's cast_transpose writes, plus the scales. The block amax is taken inside the quantize kernel, priced
 as the per-tensor recipe's amax is (CAST_FLOPS).
+
+NVFP4 (`--dtype nvfp4`) is Transformer Engine's NVFP4BlockScaling recipe (transformer_engine/common/recipe/__init__.py
+@71bbefbf, the TE Megatron-Bridge @0a25f911 pins; NVIDIA, "Pretraining Large Language Models with NVFP4",
+arXiv:2509.25149): E2M1 values (half a byte) with one E4M3 scale byte per 16 consecutive values and a per-tensor fp32
+scale (second level, negligible), 0.5 + 1/16 bytes per element; all three GEMMs of a linear layer (fprop, dgrad,
+wgrad) run in FP4; weights take 2D 16x16 blocks, activations and gradients 1D blocks; the column-wise copies of the
+input and of the output gradient (the wgrad GEMM's operands) pass through a 16x16 random Hadamard transform (RHT, "only
+applied to column-wise usage so that it can be used for wgrad GEMM"), and gradients are stochastically rounded. Its
+quantizer (transformer_engine/pytorch/csrc/quantizer.cpp @71bbefbf, NVFP4Quantizer::quantize_impl) first runs
+nvte_hadamard_transform_amax over the 16-bit input (the per-tensor amax of the tensor and of its RHT, needed before any
+block can be scaled), then the fused row-cast / column-RHT-cast kernel (row_cast_col_hadamard_transform_cast_fusion, for
+BF16 inputs with rows % 64 == 0 and cols % 128 == 0): two reads of the 16-bit tensor, two NVFP4 copies written. The
+RHT is 16 multiply-adds per element of the column-wise copy (RHT_FLOPS), done on the tensor cores; stochastic
+rounding draws its random bits in the same kernel. Weights are quantized likewise, without RHT: an amax pass and the
+cast (weight_cast_bytes).
 """
 
 from __future__ import annotations
@@ -36,30 +51,37 @@ from typing import Any
 from dlperf.cost import Cost
 from dlperf.ops.base import BYTES_PER_ELEMENT, Kernel, Layer, numel
 
-FP8_GEMM = "matmul_fp8"      # kernel class: an FP8 GEMM, timed on the recipe dtype's peak and GEMM curve
-RECIPES = ("fp8", "mxfp8")   # the FP8 training recipes: per-tensor scaled FP8, and MXFP8 (block-scaled)
+FP8_GEMM = "matmul_fp8"      # kernel class: a low-precision GEMM, timed on the recipe dtype's peak and GEMM curve
+# the low-precision training recipes: per-tensor scaled FP8, MXFP8 (block-scaled FP8) and NVFP4 (block-scaled FP4)
+RECIPES = ("fp8", "mxfp8", "nvfp4")
 STORAGE = dict.fromkeys(RECIPES, "bf16")  # FP8 recipes store activations, gradients and messages in bf16
 FP8 = BYTES_PER_ELEMENT["fp8"]
 MX_BLOCK = 32                # elements per E8M0 scale byte (TE's MXFP8 block size; OCP MX v1.0)
-# Bytes per element of an FP8 operand: the value, and under MXFP8 its share of the block's scale byte.
-OPERAND_BYTES = {"fp8": FP8, "mxfp8": FP8 + 1 / MX_BLOCK}
+NV_BLOCK = 16                # elements per E4M3 scale byte (TE's NVFP4 block size, recipe/__init__.py @71bbefbf)
+FP4 = 0.5                    # an E2M1 value
+# Bytes per element of a low-precision operand: the value, and under MXFP8/NVFP4 its share of the block's scale byte.
+OPERAND_BYTES = {"fp8": FP8, "mxfp8": FP8 + 1 / MX_BLOCK, "nvfp4": FP4 + 1 / NV_BLOCK}
 CAST_FLOPS = 2               # per element: |x| into the amax reduction, and the multiply by the scale
+RHT_FLOPS = 2 * NV_BLOCK     # per element of NVFP4's column-wise copy: a 16-point Hadamard row, 16 multiply-adds
+# 16-bit reads per element of a quantized tensor: the cast, and under NVFP4 the amax pass before it (quantizer.cpp)
+READS = {"fp8": 1, "mxfp8": 1, "nvfp4": 2}
 
 
 def is_recipe(dtype: str | None) -> bool:
-    """Whether `dtype` names an FP8 training recipe (fp8 or mxfp8)."""
+    """Whether `dtype` names a low-precision training recipe (fp8, mxfp8 or nvfp4)."""
     return dtype in RECIPES
 
 
 def weight_cast_bytes(dtype: str) -> float:
     """Per parameter, per step: read the bf16 weight, write its FP8 copy and FP8 transpose (MXFP8: row-wise and
-    column-wise copies with their scales)."""
-    return 2 + 2 * OPERAND_BYTES[dtype]
+    column-wise copies with their scales; NVFP4: an amax pass reads the weight once more first)."""
+    return 2 * READS[dtype] + 2 * OPERAND_BYTES[dtype]
 
 
 def weight_copy_bytes(dtype: str) -> float:
     """Per parameter, resident: TE's cached FP8 weight and its FP8 transpose (Hopper's TN-only FP8 GEMMs; MXFP8's
-    row-wise and column-wise copies)."""
+    row-wise and column-wise copies; NVFP4's 2D 16x16 blocks make the two copies transposes of each other, but TE
+    still keeps both layouts)."""
     return 2 * OPERAND_BYTES[dtype]
 
 
@@ -83,7 +105,7 @@ def kernel_dtype(kernel: Kernel, dtype: str) -> str:
     if kernel.dtype:
         return kernel.dtype
     if kernel.cls == FP8_GEMM:
-        return dtype if is_recipe(dtype) else "fp8"
+        return dtype if is_recipe(dtype) else "fp8"  # fp8, mxfp8 or nvfp4
     return storage_dtype(dtype)
 
 
@@ -92,13 +114,14 @@ def fp8_kernels(kernels: list[Kernel], e: int, recipe: str = "fp8") -> list[Kern
     whose precision the layer pins (a MoE router: Megatron-Core computes it with torch's linear outside Transformer
     Engine's fp8_autocast, router.py TopKRouter.gating @92c8482e)."""
     out: list[Kernel] = []
-    b = OPERAND_BYTES[recipe]
+    b, reads, rht = OPERAND_BYTES[recipe], READS[recipe], RHT_FLOPS if recipe == "nvfp4" else 0
     for kernel in kernels:
         if kernel.weight_gemm is None or kernel.dtype is not None:
             out.append(kernel)
             continue
         m, k, n = kernel.weight_gemm
-        out += [_cast_kernel(f"{kernel.name}_fp8_cast", m * k, m * n, e, b), _fp8_gemm(kernel, m, k, n, e, b)]
+        out += [_cast_kernel(f"{kernel.name}_fp8_cast", m * k, m * n, e, b, reads, rht),
+                _fp8_gemm(kernel, m, k, n, e, b)]
     return out
 
 
@@ -112,12 +135,15 @@ def _fp8_gemm(kernel: Kernel, m: Any, k: Any, n: Any, e: int, b: float = FP8) ->
     return replace(kernel, cls=FP8_GEMM, cost=cost)
 
 
-def _cast_kernel(name: str, activation: Any, gradient: Any, e: int, b: float = FP8) -> Kernel:
+def _cast_kernel(name: str, activation: Any, gradient: Any, e: int, b: float = FP8, reads: int = 1,
+                 rht: int = 0) -> Kernel:
     """cast_transpose of the activation (forward) and of the output gradient (backward), with their amax: reads
-    the 16-bit tensor, writes two FP8 copies of `b` bytes per element."""
-    per_element = e + 2 * b
+    the 16-bit tensor `reads` times (NVFP4: the amax pass, then the cast), writes two copies of `b` bytes per
+    element; `rht` FLOPs per element for NVFP4's Hadamard transform of the column-wise copy."""
+    per_element = reads * e + 2 * b
+    flops = CAST_FLOPS + rht
     return Kernel(name, "memory", Cost(
-        fwd_flops=CAST_FLOPS * activation, bwd_data_flops=CAST_FLOPS * gradient,
+        fwd_flops=flops * activation, bwd_data_flops=flops * gradient,
         fwd_bytes=per_element * activation, bwd_bytes=per_element * gradient, depth=1, bwd_depth=1,
     ), launches=1, bwd_launches=1)
 

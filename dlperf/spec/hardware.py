@@ -60,7 +60,7 @@ from dlperf.errors import DlperfError, SpecError
 from dlperf.spec.yamlio import LineDict, check_keys, field_name, line_of, load_yaml_file
 from dlperf.units import parse_quantity
 
-DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8")
+DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4")
 KERNEL_CLASSES = ("matmul", "conv", "attention", "attention_fa3", "memory", "transcendental")
 
 # Defaults when a hardware file gives no efficiency curve. Sources:
@@ -227,7 +227,8 @@ class Device:
         if dtype == "tf32" or dtype not in DTYPES:
             return self.peak_flops["fp32"]
         listed = ", ".join(self.peak_flops)
-        why = "MXFP8 needs block-scaled tensor cores, Blackwell's or later; " if dtype == "mxfp8" else ""
+        why = {"mxfp8": "MXFP8 needs block-scaled tensor cores, Blackwell's or later; ",
+               "nvfp4": "NVFP4 needs FP4 tensor cores, Blackwell's or later; "}.get(dtype, "")
         raise SpecError(f"device {self.name} has no peak_flops for {dtype} ({why}it lists {listed}: try --dtype with "
                         f"one of them)", field="device.peak_flops")
 
@@ -244,11 +245,15 @@ class Device:
         """Which curve `eff` prices the class at: a key of `efficiency` ("matmul", "matmul/fp8", ...), or, where
         the chain of stand-ins ends without a measured curve, the class whose DEFAULT_EFFICIENCY applies."""
         if kernel_class == "matmul_fp8":  # an FP8 recipe's GEMM: the matmul curve measured in its format
-            return self.curve_key("matmul", dtype if dtype == "mxfp8" else "fp8")
+            return self.curve_key("matmul", dtype if dtype in ("mxfp8", "nvfp4") else "fp8")
         if dtype is not None and self.dtype_curves:
             for key in (f"{kernel_class}/{dtype}", f"matmul/{dtype}" if kernel_class == "conv" else ""):
                 if key in self.dtype_curves:  # a conv in a dtype with its own units runs at their GEMM rate
                     return key
+        if dtype == "nvfp4" and kernel_class == "matmul":  # FP4 units: no sourced stand-in for their efficiency
+            self.peak(dtype)  # a device without FP4 units (Hopper) is refused for that first
+            raise SpecError(f"device {self.name} has no NVFP4 GEMM curve (efficiency.matmul.dtypes.nvfp4): give one "
+                            f"from a published NVFP4 GEMM benchmark", field="efficiency.matmul.dtypes")
         if dtype == "mxfp8":  # block-scaled FP8 runs on the FP8 tensor cores: FP8's curve where MXFP8 has none
             return self.curve_key(kernel_class, "fp8")
         if kernel_class in self.efficiency:
