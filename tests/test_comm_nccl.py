@@ -117,8 +117,9 @@ def test_single_node_a100_latencies_and_bandwidths_follow_tuning_cc() -> None:
 
 
 def test_every_blackwell_hardware_file_gets_nccls_blackwell_constants() -> None:
-    """tuning.cc indexes its constants by minCompCap >= 100 as Blackwell: sm_100 B200/GB200 and sm_103 GB300 alike."""
-    for name in ("dgx-b200", "gb200-nvl72", "dgx-gb300"):
+    """tuning.cc indexes its constants by minCompCap >= 100 as Blackwell: sm_100 B200/GB200 and sm_103 B300/GB300
+    alike."""
+    for name in ("dgx-b200", "gb200-nvl72", "dgx-gb300", "dgx-b300"):
         assert setup(name, 8).arch == 3, name
     assert N.bus_bandwidth("allreduce", "ring", 0, setup("dgx-gb300", 8)) == pytest.approx(282.0)  # llMaxBw
     assert (setup("dgx-h100", 8).arch, setup("dgx-a100", 8).arch, N.arch_index("MI300X-OAM-192GB")) == (2, 1, 1)
@@ -174,8 +175,9 @@ def test_nvls_only_on_nvlink_sharp_nodes_and_forced_names() -> None:
 def test_nvls_on_blackwell_nodes_and_the_whole_nvl72_rack() -> None:
     """An NVL72 rack is one NCCL node (MNNVL), so any group inside it, up to all 72 GPUs, may run NVLS; groups
     across racks do not (NVLS-Tree is not modelled). At 8 GiB the NVLS time is the cited busbw's: 835 GB/s on 72
-    GB200 (coreweave/nccl-tests#43), 830 on 8 B200 (NVIDIA/nccl#1807)."""
-    for name, gpus, busbw in (("gb200-nvl72", 72, 835e9), ("dgx-gb300", 72, 835e9), ("dgx-b200", 8, 830e9)):
+    GB200 (coreweave/nccl-tests#43), 830 on 8 B200 (NVIDIA/nccl#1807; carried over to 8 B300)."""
+    for name, gpus, busbw in (("gb200-nvl72", 72, 835e9), ("dgx-gb300", 72, 835e9), ("dgx-b200", 8, 830e9),
+                              ("dgx-b300", 8, 830e9)):
         hw = load_hardware(name)
         n = 8 * 2.0**30
         assert best_algorithm("allreduce", n, Group(gpus), hw) == "nccl:nvls/Simple"

@@ -20,7 +20,8 @@ from dlperf.spec.hardware import load_hardware
 from dlperf.spec.yamlio import load_yaml_file
 
 EXPECTED = {"dgx1-v100", "dgx2-v100", "dgx-a100", "a100-40gb", "a100-800g", "dgx-h100", "hgx-h200", "p100-roce",
-            "p40-pcie", "cpu-local", "dgx-b200", "gb200-nvl72", "dgx-gb300", "h800", "mi300x", "jean-zay-a100"}
+            "p40-pcie", "cpu-local", "dgx-b200", "gb200-nvl72", "dgx-gb300", "h800", "mi300x", "jean-zay-a100",
+            "dgx-b300"}
 GiB = 2.0**30
 
 
@@ -78,6 +79,10 @@ PEAKS = [
     ("cpu-local", "fp32", 2 * 2.5e9 * 32),
     ("dgx-b200", "bf16", 2250e12),   # ml-engineering TFLOPS table, B200 SXM dense
     ("dgx-b200", "fp8", 4500e12),
+    ("dgx-b300", "bf16", 2250e12),   # ml-engineering TFLOPS table, B300 SXM dense: B200's, not GB300's 2500
+    ("dgx-b300", "fp8", 4500e12),
+    ("dgx-b300", "fp64", 1.25e12),   # HGX B300: 10 TFLOPS over 8 GPUs
+    ("dgx-gb300", "bf16", 2500e12),  # GB300 NVL72 per GPU, dense
     ("gb200-nvl72", "bf16", 2500e12),  # GB200 per chip, dense
     ("gb200-nvl72", "fp8", 5000e12),
     ("h800", "bf16", 989e12),        # H100 SXM compute
@@ -110,6 +115,7 @@ def test_volta_has_no_bf16_and_tf32_falls_back_to_fp32() -> None:
         ("dgx2-v100", 32 * GiB, 900e9),
         ("p100-roce", 16 * GiB, 732e9),
         ("dgx-b200", 1440e9 / 8, 8e12),      # DGX B200: 1,440 GB over 8 GPUs
+        ("dgx-b300", 288e9, 8e12),           # B300 SXM 288 GB HBM3e (nvidia-smi: 275040 MiB = 288.4 GB)
         ("gb200-nvl72", 186e9, 8e12),        # NVL72: 13.4 TB and 576 TB/s over 72 GPUs
         ("h800", 80 * GiB, 3.35e12),
         ("mi300x", 192 * GiB, 5.3e12),
@@ -140,6 +146,8 @@ LEVELS = [
     ("cpu-local", 0, None, 5e9, None),
     ("dgx-b200", 0, 8, 900e9, None),      # 18 NVLink5 x 50 GB/s
     ("dgx-b200", 1, None, 50e9, None),
+    ("dgx-b300", 0, 8, 900e9, None),      # 18 NVLink5 x 50 GB/s
+    ("dgx-b300", 1, None, 100e9, None),   # one 800 Gb/s XDR ConnectX-8 per GPU
     ("gb200-nvl72", 0, 72, 900e9, None),  # one NVLink domain of 72 GPUs
     ("gb200-nvl72", 1, None, 50e9, None),
     ("h800", 0, 8, 200e9, None),          # NVLink cut to 400 GB/s bidirectional
@@ -170,6 +178,7 @@ BUSBW = [
     ("dgx1-v100", 1, 48.0 / 4),  # 48 GB/s over 4 EDR NICs, NVIDIA/nccl-tests#29
     ("h800", 0, 160.0),  # DeepSeek-V3 report section 3.2.2: "NVLink offers a bandwidth of 160 GB/s"
     ("dgx-b200", 0, 18 * 40.1),  # NCCL SM100_NVLINK_BW 40.1 GB/s per link (NVIDIA/nccl#1807)
+    ("dgx-b300", 0, 18 * 40.1),  # the same constant for sm_103 (topo.h ncclTopoNVLinkBw: compute capability >= 100)
     ("gb200-nvl72", 0, 679.61),  # NCCL_ALGO=Ring, 4 GB200, 8 GB: Azure ND_GB200_v6_results.md @2a370be6
     ("dgx-gb300", 0, 679.61),  # GB200's, carried over (same NVLink 5 links and switch trays)
     ("mi300x", 0, 7 * 48.0),  # ~48 GB/s usable per xGMI link (AMD ROCm blog)
@@ -396,6 +405,7 @@ MAMF_ROWS = {
     "h800": {"bf16": "NVIDIA H100 SXM", "fp8": "NVIDIA H100 SXM"},
     "hgx-h200": {"bf16": "NVIDIA H100 SXM", "fp8": "NVIDIA H200 SXM"},
     "dgx-b200": {"bf16": "NVIDIA B200 SXM", "fp8": "NVIDIA B200 SXM"},
+    "dgx-b300": {"bf16": "NVIDIA B300 SXM", "fp8": "NVIDIA B300 SXM"},  # B200's curves, under B300's own MAMF
     "gb200-nvl72": {"bf16": "NVIDIA GB200 SXM", "fp8": "NVIDIA GB200 SXM"},
     "dgx-gb300": {"bf16": "NVIDIA GB200 SXM", "fp8": "NVIDIA GB200 SXM"},  # GB300 has GB200's peaks and curves
 }
@@ -464,11 +474,12 @@ def _fit_rows(rows: list[dict[str, str]]) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("name, measured_on", [("gb200-nvl72", "gb200"), ("dgx-b200", "gb200"),
-                                               ("dgx-gb300", "gb300")])
+                                               ("dgx-gb300", "gb300"), ("dgx-b300", "gb300")])
 def test_blackwell_fused_attention_is_the_fit_to_cudnns_measured_lengths(name: str, measured_on: str) -> None:
     """Blackwell's fused-attention curve is a Hockney curve in the key length fitted to cuDNN's measured rates over
     a training pass at 2k-32k (backward = 2.5x the forward FLOPs), as a fraction of peak: GB200's and GB300's own
-    tables; B200 carries GB200's fraction over. Refitted from the tables, so the files cannot drift from them."""
+    tables; B200 carries GB200's fraction over, B300 GB300's (Blackwell Ultra's exponential units). Refitted from
+    the tables, so the files cannot drift from them."""
     row = _cudnn_row(8192, gpu=measured_on)
     seconds = (float(row["fwd_time_ms"]) + float(row["bwd_time_ms"])) * 1e-3
     assert 3.5 * 4 * 64 * 8192 ** 2 * 128 / seconds == pytest.approx(_pass_rate(row), rel=2e-3)  # times agree
@@ -506,6 +517,20 @@ def test_gb200_fp8_curve_is_the_fit_to_azures_sustained_table_capped_at_mamf() -
                                            abs=5e-4)
         assert curve.startup == pytest.approx(max(result.t0 - device.launch_latency, 0.0), abs=1e-7)
     assert result.median_rel < 0.06
+
+
+def test_dgx_b300_carries_dgx_b200s_gemm_curves() -> None:
+    """No per-shape GEMM table is in dlperf for B300: its curves are B200's (same BF16/FP8 peaks and SM count, a
+    MAMF row "same as B200"), so the two files cannot drift apart; test_no_gemm_beats_the_sustained_mamf holds them
+    under B300's own MAMF rows."""
+    from dataclasses import replace
+
+    b200, b300 = (load_hardware(n).device for n in ("dgx-b200", "dgx-b300"))
+    assert b300.sms == b200.sms
+    for dtype in ("bf16", "tf32", "fp8", "mxfp8"):
+        assert b300.peak(dtype) == b200.peak(dtype)
+        same = (replace(b300.eff("matmul", dtype), source=""), replace(b200.eff("matmul", dtype), source=""))
+        assert same[0] == same[1], dtype
 
 
 @pytest.mark.parametrize("name", ["dgx-h100", "hgx-h200", "h800"])

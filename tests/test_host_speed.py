@@ -16,11 +16,13 @@ from dlperf.spec.model import load_model
 
 @pytest.mark.parametrize(("name", "speed"), [("dgx-a100", 0.683), ("a100-800g", 0.683), ("a100-40gb", 0.683),
                                              ("jean-zay-a100", 0.885), ("dgx-h100", 0.995), ("dgx-b200", 1.047),
-                                             ("gb200-nvl72", 0.362), ("dgx-gb300", 0.362), ("hgx-h200", 1.0)])
+                                             ("gb200-nvl72", 0.362), ("dgx-gb300", 0.362), ("hgx-h200", 1.0),
+                                             ("dgx-b300", 1.204)])
 def test_dispatch_is_the_reference_over_the_host_speed(name: str, speed: float) -> None:
     """DGX A100's EPYC 7742 (Zen 2, 3.4 GHz) is 0.683 of the Zen 4 reference, Jean Zay's EPYC 7543 (Zen 3,
     3.7 GHz) 0.885 and overrides the file it extends; the DGX H100's and B200's Xeons measured against it 0.995 and
-    1.047, Grace 0.362 of the H100's host; a file naming no host (HGX H200) keeps the reference's figures."""
+    1.047 (DGX B300's Xeon 6776P 1.204: the same measured floor scaled to its 4.6 GHz turbo), Grace 0.362 of the
+    H100's host; a file naming no host (HGX H200) keeps the reference's figures."""
     device = load_hardware(name).device
     assert device.dispatch_forward == pytest.approx(DEFAULT_DISPATCH[0] / speed)
     assert device.dispatch_backward == pytest.approx(DEFAULT_DISPATCH[1] / speed)
