@@ -151,6 +151,7 @@ def test_cli_bad_config_exits_2_with_one_line(run, tmp_path: Path) -> None:  # n
     ("mixtral-8x7b-v0.1", "num_local_experts", "8"), ("deepseek-v3", "first_k_dense_replace", -1),
     ("deepseek-v3", "moe_layer_freq", 0), ("gpt-oss-120b", "sliding_window", 0),
     ("gpt-oss-120b", "layer_types", ["sliding_attention"]), ("gpt-oss-120b", "layer_types", "full_attention"),
+    ("gpt-oss-120b", "swiglu_limit", "x"), ("gpt-oss-120b", "swiglu_limit", [1]), ("gpt-oss-120b", "swiglu_limit", 0),
 ])
 def test_moe_config_bad_field_is_one_located_line(run, tmp_path: Path, folder: str, key: str, value: object) -> None:  # noqa: ANN001
     """The MoE converters check what they compute with (a string compared, a modulo by zero, a bool taken as one

@@ -659,8 +659,17 @@ def test_sliding_window_executes_window_plus_one_tile_of_keys():
     assert full.cost.fwd_flops == pytest.approx(score_work / 1.75, rel=1e-6)
     pairs = 128 * s - 128 * 127 / 2
     model_work = windowed.cost.fwd_flops * windowed.model_work_scale
-    assert model_work == pytest.approx(score_work * pairs / (s * s), rel=1e-6)
+    assert model_work == pytest.approx(score_work * 2 * pairs / (s * s), rel=1e-6)  # the causal convention
     assert windowed.seq == 256
+
+
+def test_a_wider_window_never_executes_or_counts_less_up_to_plain_causal():
+    """Executed and model work grow with the window and meet plain causal attention's at the sequence length."""
+    causal = _flash(None)
+    work = [(k.cost.fwd_flops, k.cost.fwd_flops * k.model_work_scale)
+            for k in (_flash(w) for w in (64, 128, 1024, 2048, 3000, 3900, 3967, 4095))]
+    assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(work[:-1], work[1:], strict=True))
+    assert work[-1] == (causal.cost.fwd_flops, pytest.approx(causal.cost.fwd_flops * causal.model_work_scale))
 
 
 def test_sliding_window_layers_are_faster_than_wider_windows():
@@ -726,10 +735,10 @@ def test_act_clamp_is_eager_clamp_and_cat_and_recomputed_with_moe_act():
     from dlperf.ops.recompute import rerun_kernels
 
     assert "expert_act_clamp" not in _expert_kernels()
-    kernel = _expert_kernels(act_clamp=7.0)["expert_act_clamp"]
+    kernel = _expert_kernels(act_clamp=True)["expert_act_clamp"]
     n = 64 * 2 * 2 * 64
     assert (kernel.cost.fwd_bytes, kernel.cost.bwd_bytes) == (4 * 2 * n, 5 * 2 * n)
-    model = model_from_dict(_doc([{"op": "moe", "experts": 4, "top_k": 2, "ffn": 64, "act_clamp": 7.0}]), "t", {})
+    model = model_from_dict(_doc([{"op": "moe", "experts": 4, "top_k": 2, "ffn": 64, "act_clamp": True}]), "t", {})
     layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
     assert "expert_act_clamp" in rerun_kernels(layer, frozenset({"moe_act"}))
     assert "expert_act_clamp" not in rerun_kernels(layer, frozenset({"layernorm"}))

@@ -92,7 +92,8 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--offload-layers", type=int, default=0, show_default=True,
                      help="Transformer layers whose saved activations go to host memory during forward and come "
                           "back for backward (Megatron-Core --cpu-offloading-num-layers through Transformer "
-                          "Engine; pp 1; needs device.host_link in the hardware file)."),
+                          "Engine; pp 1; needs device.host_link in the hardware file). Counted in copies of the "
+                          "model's repeated block: one per layer, except where a block holds two (gpt-oss's pair)."),
         click.option("--input-ops", default="", show_default=False,
                      help="Comma-separated per-sample CPU work of the loader, e.g. "
                           "jpeg-decode-pillow,rrc224-flip-pillow,fast-collate (dlperf.engine.input.INPUT_COSTS)."),

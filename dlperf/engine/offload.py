@@ -45,6 +45,9 @@ def check(plan: Plan, hw: Hardware, layers: int) -> None:
     """Offloading needs the device's host link and at most L-1 offloaded layers (TE refuses all L)."""
     if not plan.offload_layers:
         return
+    if layers < 2:
+        raise PlanError("offload_layers", expected="a model with a repeated block of layers to offload (Transformer "
+                        "Engine offloads the layers of a transformer block)", found=plan.offload_layers)
     if plan.offload_layers > layers - 1:
         raise PlanError("offload_layers", expected=f"at most {layers - 1} (the model's {layers} layers less the "
                         "last, which Transformer Engine never offloads)", found=plan.offload_layers)

@@ -289,7 +289,7 @@ class StepModel:
         """The step for m micro-batches and v virtual stages (numbers or numpy arrays)."""
         dtype = plan.dtype or self.model.dtype
         if plan.fp8_param_gather and not is_recipe(dtype):
-            raise PlanError("--fp8-param-gather needs FP8 training (--dtype fp8 or mxfp8)", found=dtype)
+            raise PlanError("--fp8-param-gather needs FP8 or FP4 training (--dtype fp8, mxfp8 or nvfp4)", found=dtype)
         e = element_bytes(dtype)
         step, breakdown, memory, slow, dtype, staleness = self._combine(plan, dtype, e, self.stages(plan, dtype, e),
                                                                         m, v)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlperf import mathx
 from dlperf.cost import Cost
 from dlperf.ops.base import MASK_BYTES, REQUIRED, Kernel, Layer, OpRule, clog2, numel
 
@@ -362,15 +363,18 @@ def _window_binds(window: Any, skv: Any) -> bool:
 def _flash_skip(layer: Layer) -> tuple[Any, Any, Any]:
     """(full score work / executed work, model work / executed work, key length the kernel loops over) of a
     fused attention kernel: causal masking skips the blocks above the diagonal (CAUSAL_SPEEDUP); a causal sliding
-    window of w keys (Beltagy et al. 2020; Mistral 7B; gpt-oss) leaves min(s_kv, w + WINDOW_TILE) keys per query,
-    and its model work is the pairs it attends, w*s - w(w-1)/2 of the s x s_kv matrix."""
+    window of w keys (Beltagy et al. 2020; Mistral 7B; gpt-oss) leaves w + WINDOW_TILE keys per query, never more
+    than the causal kernel's share. Its model work follows the causal convention (the whole matrix for causal
+    attention, i.e. twice the pairs attended): 2(w*s - w(w-1)/2) of the s x s_kv matrix, capped at all of it, so
+    that a window as long as the sequence is plain causal attention, in work and in model FLOPs."""
     s, skv, window = layer.in_shape[-2], layer["kv_seq"] or layer.in_shape[-2], layer["window"]
+    causal = CAUSAL_SPEEDUP if layer["causal"] and layer["kv_seq"] == s else 1
     if window is None or not _window_binds(window, skv):
-        skip = CAUSAL_SPEEDUP if layer["causal"] and layer["kv_seq"] == s else 1
-        return skip, skip, skv
+        return causal, causal, skv
     keys = window + WINDOW_TILE
-    attended = (window * s - window * (window - 1) / 2) / (s * skv)
-    return skv / keys, attended * skv / keys, keys
+    skip = mathx.maximum(skv / keys, causal)
+    model = mathx.minimum(2 * (window * s - window * (window - 1) / 2) / (s * skv), 1)
+    return skip, model * skip, mathx.minimum(keys, skv)
 
 
 def _attention_params(s: tuple, a: dict) -> Any:

@@ -101,7 +101,7 @@ def storage_dtype(dtype: str) -> str:
 
 def kernel_dtype(kernel: Kernel, dtype: str) -> str:
     """The dtype whose peak times this kernel: its own when it pins one (a MoE router in fp32), FP8 GEMMs at the
-    recipe's peak (fp8 or mxfp8), every other kernel in storage dtype."""
+    recipe's peak (fp8, mxfp8 or nvfp4), every other kernel in storage dtype."""
     if kernel.dtype:
         return kernel.dtype
     if kernel.cls == FP8_GEMM:
@@ -145,7 +145,7 @@ def _cast_kernel(name: str, activation: Any, gradient: Any, e: int, b: float = F
     return Kernel(name, "memory", Cost(
         fwd_flops=flops * activation, bwd_data_flops=flops * gradient,
         fwd_bytes=per_element * activation, bwd_bytes=per_element * gradient, depth=1, bwd_depth=1,
-    ), launches=1, bwd_launches=1)
+    ), launches=reads, bwd_launches=reads)
 
 
 def saved_bytes(layer: Layer, saved: Any, e: int, recipe: str = "fp8") -> Any:

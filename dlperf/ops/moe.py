@@ -184,7 +184,7 @@ def _expert_extras(layer: Layer, routed: Any, d: Any, f: Any, e: int, local: Any
       dimension (4 + 4 + 4 each): 36 = 9 passes. Launches 2 per expert + 2 forward, 5 per expert + 1 backward."""
     out: list[Kernel] = []
     groups = local if isinstance(local, int) else 1
-    if layer["act_clamp"] is not None and layer["gated"]:
+    if layer["act_clamp"] and layer["gated"]:
         n = routed * 2 * f
         out.append(Kernel("expert_act_clamp", "memory", Cost(fwd_flops=2 * n, fwd_bytes=4 * e * n,
                                                              bwd_bytes=5 * e * n, depth=1, bwd_depth=1),
@@ -300,7 +300,7 @@ def _moe_check(shape: tuple, a: dict) -> None:
 MOE = OpRule(
     attrs={"experts": REQUIRED, "top_k": REQUIRED, "ffn": REQUIRED, "shared_experts": 0, "shared_ffn": None,
            "gated": True, "capacity_factor": None, "router_bias": False, "shared_gate": False, "groups": None,
-           "top_groups": None, "probs_in_expert": False, "expert_bias": False, "act_clamp": None},
+           "top_groups": None, "probs_in_expert": False, "expert_bias": False, "act_clamp": False},
     shape=lambda s, a: s,
     params=_moe_params,
     kernels=moe_kernels,

@@ -227,8 +227,9 @@ class Device:
         if dtype == "tf32" or dtype not in DTYPES:
             return self.peak_flops["fp32"]
         listed = ", ".join(self.peak_flops)
-        why = {"mxfp8": "MXFP8 needs block-scaled tensor cores, Blackwell's or later; ",
-               "nvfp4": "NVFP4 needs FP4 tensor cores, Blackwell's or later; "}.get(dtype, "")
+        why = {"mxfp8": "MXFP8 needs block-scaled tensor cores, Blackwell's or later, and the file's mxfp8 peak; ",
+               "nvfp4": "NVFP4 needs FP4 tensor cores, Blackwell's or later, and the file's nvfp4 peak; ",
+               }.get(dtype, "")
         raise SpecError(f"device {self.name} has no peak_flops for {dtype} ({why}it lists {listed}: try --dtype with "
                         f"one of them)", field="device.peak_flops")
 

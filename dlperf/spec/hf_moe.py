@@ -229,6 +229,17 @@ def _gpt_oss_layer_types(config: dict, layers: int) -> list[str]:
     return kinds
 
 
+def _clamped(config: dict) -> bool:
+    """Whether the experts' SwiGLU is clamped (GptOssExperts.limit = swiglu_limit; null or absent: not)."""
+    limit = config.get("swiglu_limit")
+    if limit is None:
+        return False
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
+        raise SpecError(field="swiglu_limit", expected="a positive number or null", found=limit,
+                        line=line_of(config, "swiglu_limit"))
+    return True
+
+
 def gpt_oss(config: dict) -> dict:
     """GptOssForCausalLM: GQA attention with biases and a learned sink logit per head, sliding_attention layers
     limited to a causal window of `sliding_window` keys, every layer a sparse MoE block of SwiGLU experts with
@@ -239,16 +250,21 @@ def gpt_oss(config: dict) -> dict:
         "top_k": _get(config, "num_experts_per_tok"),
         "window": _get(config, "sliding_window"),
     } | causal_flash()
-    clamp = config.get("swiglu_limit")  # the SwiGLU's clamp (GptOssExperts.limit), priced as Megatron-Core runs it
     moe = _moe(experts="experts", top_k="top_k", ffn="ffn", router_bias=True, expert_bias=True,
-               **({"act_clamp": float(clamp)} if clamp else {}))
+               act_clamp=_clamped(config))
     blocks = {}
     for kind, window in (("sliding_attention", {"window": "window"}), ("full_attention", {})):
         attention = _attention(bool(config.get("attention_bias", True)))
         attention[0]["residual"][1] |= {"sinks": True, **window}
         blocks[kind] = {"layers": attention + moe}
     kinds = _gpt_oss_layer_types(config, params["layers"])
-    return _document(config, "gpt_oss", params, blocks, _runs(kinds),
+    body = _runs(kinds)
+    if kinds == [LAYER_TYPES[i % 2] for i in range(len(kinds))] and len(kinds) % 2 == 0:
+        # the default alternation as one repeated pair, as the built-in: recomputation, ZeRO-3 gathers and
+        # offloading see one repeated block (a run of repeat-1 calls would read as no repeated block at all)
+        blocks["pair"] = {"layers": [{"block": kind} for kind in LAYER_TYPES]}
+        body = [{"block": "pair", "repeat": len(kinds) // 2, "name": "decoder"}]
+    return _document(config, "gpt_oss", params, blocks, body,
                      "transformers models/gpt_oss/modeling_gpt_oss.py (GptOssAttention sinks, GptOssExperts "
                      "gate_up_proj_bias / down_proj_bias, GptOssTopKRouter bias)")
 
