@@ -227,6 +227,30 @@ def test_symbolic_step_of_an_input_bound_plan_is_the_loaders_time():
     assert "ms of exposed" not in view["notes"][0]
 
 
+@pytest.mark.parametrize(("model", "hardware", "knobs"), [
+    ("llama3-8b", "dgx-h100", {"micro_batch": 2}),                      # 4 micro-batches: gradient accumulation
+    ("llama3-70b", "gb200-nvl72", {"micro_batch": 1, "dtype": "fp8", "offload_layers": 79}),  # offload waits
+])
+def test_symbolic_step_at_the_devices_values_is_the_prediction(model, hardware, knobs):
+    """m x T(micro) + the named remainder equals `dlperf predict`'s step: the remainder holds every part the passes'
+    closed form leaves out (it left out gradient accumulation, and called offload waits communication)."""
+    from dlperf.engine.symbolic import F32, LAM, F, M, symbolic_view
+    from dlperf.plan import Plan
+    from dlperf.spec.hardware import load_hardware
+    from dlperf.spec.model import load_model
+
+    hw = load_hardware(hardware)
+    plan = Plan(devices=8, dp=8, global_batch=64, zero=1, **knobs)
+    view = symbolic_view(load_model(model), hw, plan)
+    dtype = knobs.get("dtype", "bf16")
+    values = {F: hw.device.peak(dtype), F32: hw.device.peak("fp32"), M: hw.device.memory_bandwidth,
+              LAM: hw.device.launch_latency}
+    assert float(view["T_step"].subs(values)) == pytest.approx(view["T_step_value_s"], rel=1e-3)
+    assert "compute/grad_accumulation" in view["notes"][0]
+    if knobs.get("offload_layers"):
+        assert "comm/host_offload" in view["notes"][0]
+
+
 def test_symbolic_refuses_a_plan_it_cannot_describe(run):
     code, _, err = run("predict", *GPT3_MEGATRON, "--symbolic")
     assert code == 2

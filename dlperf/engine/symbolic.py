@@ -88,7 +88,8 @@ def resolve_bounds(expr: Any, values: dict[Any, float]) -> Any:
 def symbolic_view(model: Model, hw: Hardware, plan: Any, full: bool = False) -> dict[str, Any]:
     """What `dlperf predict --symbolic` shows for a plan without tensor or pipeline parallelism: the closed form
     of one device's forward and backward pass over a micro-batch of B samples, T(B); the step as m micro-batches
-    of it plus the plan's numeric remainder (exposed data-parallel communication, optimizer); W, D and W/D.
+    of it plus the plan's numeric remainder (every breakdown part besides the passes: recomputation, gradient
+    accumulation, exposed communication, offload waits, optimizer), each named; W, D and W/D.
     Unless `full`, every kernel's roofline bound is fixed as it is at B = the plan's micro-batch."""
     from dlperf.engine import predict
     from dlperf.errors import PlanError
@@ -105,9 +106,11 @@ def symbolic_view(model: Model, hw: Hardware, plan: Any, full: bool = False) -> 
     forms = closed_form(model, hw, dtype, plan.micro, plan.memory_format == "nchw")
     t_micro = forms["T_step"] if full else resolve_bounds(forms["T_step"], values)
     m = plan.micro_batches
-    compute = sum(v for k, v in result.breakdown_s.items() if k.startswith("compute/"))
+    passes = result.breakdown_s.get("compute/forward", 0.0) + result.breakdown_s.get("compute/backward", 0.0)
     wait = result.breakdown_s.get("input/cpu", 0.0)
-    rest = result.step_time_s - compute - wait
+    rest = result.step_time_s - passes - wait  # what T(B) does not cover, named in the note
+    parts = ", ".join(k for k, v in result.breakdown_s.items()
+                      if v and k not in ("compute/forward", "compute/backward", "input/cpu"))
     what = (f"one {hw.device.name}'s forward and backward pass over a micro-batch of B samples ({model.name}, "
             f"{dtype})" + ("" if full else f"; each kernel's compute-or-memory bound as at B = {plan.micro}"))
     return {
@@ -121,8 +124,9 @@ def symbolic_view(model: Model, hw: Hardware, plan: Any, full: bool = False) -> 
         "W": forms["W"],
         "D": forms["D"] if full else _at(resolve_bounds(forms["D"], values), plan.micro),
         "W/D": forms["W/D"] if full else _at(resolve_bounds(forms["W/D"], values), plan.micro),
-        "notes": [f"T_step = {m} x T({plan.micro}) + {format_quantity(rest, 'time')} of exposed data-parallel "
-                  f"communication and optimizer (numbers from `dlperf predict`); F, F32, M, lam stay symbols"]
+        "notes": [f"T_step = {m} x T({plan.micro}) + {format_quantity(rest, 'time')} of what the passes' closed "
+                  f"form leaves out ({parts or 'nothing'}; numbers from `dlperf predict`); F, F32, M, lam stay "
+                  f"symbols"]
                  + ([] if plan.data_backend != "cpu" else [
                      f"Max(..., {format_quantity(input_time(plan, hw, m * plan.micro), 'time')}): the CPU loader's "
                      f"time for the step's samples, which the step waits for when it is longer (dlperf.engine.input)"])
