@@ -230,9 +230,7 @@ def _check_input(plan: Plan) -> None:
     workers, ops = plan.loader_workers, plan.input_ops
     if isinstance(workers, bool) or not isinstance(workers, int) or not 0 <= workers <= MAX_LOADER_WORKERS:
         raise PlanError("loader_workers", expected=f"an integer from 0 to {MAX_LOADER_WORKERS}", found=workers)
-    if not isinstance(ops, tuple) or any(op not in INPUT_COSTS for op in ops) or len(set(ops)) != len(ops):
-        raise PlanError("input_ops", expected="distinct names among " + ", ".join(INPUT_COSTS),
-                        found=",".join(map(str, ops)) if isinstance(ops, tuple) else ops)
+    _check_names("input_ops", ops, INPUT_COSTS)
     if plan.data_backend == "cpu" and (workers == 0 or not ops):
         raise PlanError("data_backend cpu runs a loader: it needs loader_workers >= 1 and input_ops",
                         expected="loader_workers >= 1, input_ops named", found=f"{workers} workers, {len(ops)} ops")
@@ -245,9 +243,13 @@ def _check_grad_passes(plan: Plan) -> None:
     """Per-micro-batch gradient passes must be named in GRAD_PASSES, each once."""
     from dlperf.engine.grad_passes import GRAD_PASSES
 
-    names = plan.grad_passes
-    if not isinstance(names, tuple) or any(n not in GRAD_PASSES for n in names) or len(set(names)) != len(names):
-        raise PlanError("grad_passes", expected="distinct names among " + ", ".join(GRAD_PASSES),
+    _check_names("grad_passes", plan.grad_passes, GRAD_PASSES)
+
+
+def _check_names(field: str, names: Any, known: Any) -> None:
+    """A tuple of distinct names, each a key of `known`."""
+    if not isinstance(names, tuple) or any(n not in known for n in names) or len(set(names)) != len(names):
+        raise PlanError(field, expected="distinct names among " + ", ".join(known),
                         found=",".join(map(str, names)) if isinstance(names, tuple) else names)
 
 

@@ -238,7 +238,7 @@ def _present_modules(ops: set[str]) -> tuple[str, ...]:
     """The partial-recomputation modules the model has: mla_up_proj needs an MLA layer, moe_act a MoE one (a
     plan naming one the model lacks would recompute nothing, and printing it would mislead)."""
     needs = {"mla_up_proj": "mla", "moe_act": "moe"}
-    return tuple(m for m in RECOMPUTE_MODULES if needs.get(m, "") in ops or m not in needs)
+    return tuple(m for m in RECOMPUTE_MODULES if m not in needs or needs[m] in ops)
 
 
 def _dispatchers(model: Any, device: str) -> tuple[str, ...]:

@@ -130,10 +130,6 @@ class CompressionDetail:
     slower_than_dense: Any  # bool (or bool array / sympy relation): compression does not pay
 
 
-def _memory_rate(hw: Hardware) -> float:
-    return hw.device.memory_bandwidth * hw.device.eff("memory").peak
-
-
 def compute_time(m: Any, gamma: float, scheme: Compression, hw: Hardware, P: int) -> Any:
     """Encode/decode cost as memory-bound passes (survey: compression compute is O(m)).
 
@@ -151,7 +147,7 @@ def compute_time(m: Any, gamma: float, scheme: Compression, hw: Hardware, P: int
         moved = 2 * m * (gamma + scheme.wire_bytes_per_element(gamma))
     if scheme.error_feedback:
         moved = moved + 2 * m * gamma
-    return moved / _memory_rate(hw)
+    return moved / hw.device.achieved_memory_bandwidth()
 
 
 def _round_link(placed: Placed, distance: int) -> tuple[float, float]:

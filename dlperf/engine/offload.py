@@ -42,9 +42,8 @@ from dlperf.spec.hardware import Hardware
 
 
 def check(plan: Plan, hw: Hardware, layers: int) -> None:
-    """Offloading needs the device's host link and at most L-1 offloaded layers (TE refuses all L)."""
-    if not plan.offload_layers:
-        return
+    """Offloading (a plan with offload_layers) needs the device's host link and at most L-1 offloaded layers (TE
+    refuses all L)."""
     if layers < 2:
         raise PlanError("offload_layers", expected="a model with a repeated block of layers to offload (Transformer "
                         "Engine offloads the layers of a transformer block)", found=plan.offload_layers)
@@ -65,10 +64,9 @@ def pass_time(compute: Any, layers: int, offloaded: int, layer_bytes: Any, bandw
 
 def exposed(plan: Plan, hw: Hardware, layers: int, saved_blocks: Any, device_fwd: Any,
             device_bwd: Any) -> tuple[Any, Any]:
-    """Seconds by which offloading lengthens a micro-batch's forward and backward pass (0, 0 without it)."""
+    """Seconds by which offloading (a plan with offload_layers) lengthens a micro-batch's forward and backward
+    pass."""
     n = plan.offload_layers
-    if not n:
-        return 0.0, 0.0
     layer_bytes = saved_blocks / layers
     fwd = pass_time(device_fwd, layers, n, layer_bytes, hw.device.device_to_host) - device_fwd
     bwd = pass_time(device_bwd, layers, n, layer_bytes, hw.device.host_to_device) - device_bwd

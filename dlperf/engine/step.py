@@ -252,10 +252,16 @@ class StepModel:
             return [list(self.model.root.items)]
         return uniform_partition(self.model, plan.pp)
 
-    def timeline(self, plan: Plan) -> Timeline:
+    def _check(self, plan: Plan) -> None:
+        """The plan's rules against this model and hardware: degrees and knobs, expert/context parallelism,
+        activation offloading."""
         validate(plan, heads=self.heads, layers=self.layers)
         _check_ep_cp(self.model, plan)
-        offload.check(plan, self.hw, mem.blocks_in_stage(self.model, plan))
+        if plan.offload_layers:
+            offload.check(plan, self.hw, mem.blocks_in_stage(self.model, plan))
+
+    def timeline(self, plan: Plan) -> Timeline:
+        self._check(plan)
         step, breakdown, memory, slow, dtype, staleness = self._evaluate(plan, plan.micro_batches,
                                                                           plan.virtual_stages)
         return Timeline(plan, step, breakdown, memory, slow, dtype, staleness)
@@ -266,9 +272,7 @@ class StepModel:
         arrays (the vectorised path of search and sweep). Points that break a plan rule are NaN."""
         import numpy as np
 
-        validate(plan, heads=self.heads, layers=self.layers)
-        _check_ep_cp(self.model, plan)
-        offload.check(plan, self.hw, mem.blocks_in_stage(self.model, plan))
+        self._check(plan)
         gb = np.asarray(global_batch, dtype=float)
         v = np.asarray(plan.virtual_stages if virtual_stages is None else virtual_stages, dtype=float)
         m = gb / (plan.data_parallel * plan.micro)
@@ -418,7 +422,7 @@ class StepModel:
         t_fwd, t_bwd, device_fwd, device_bwd = self._straggling(plan, stage).passes(accumulate, (ep_fwd, ep_bwd),
                                                                                      share)
         wait_fwd, wait_bwd = offload.exposed(plan, self.hw, mem.blocks_in_stage(self.model, plan), stage.saved_blocks,
-                                             t_fwd, t_bwd)
+                                             t_fwd, t_bwd) if plan.offload_layers else (0.0, 0.0)
         return Passes(t_fwd + wait_fwd, t_bwd + wait_bwd, stage.recompute * share, accumulate, ep_fwd, ep_bwd,
                       (t_fwd - device_fwd) + (t_bwd - device_bwd), wait_fwd + wait_bwd)
 
@@ -1009,7 +1013,7 @@ def _optimizer_time(hw: Hardware, plan: Plan, params: Any, fp8_cast: Any = 0) ->
     updated weights to their cached FP8 copies (dlperf.ops.fp8), one memory-bound pass per step."""
     nbytes, flops = OPTIMIZER_COST[plan.optimizer]
     shard = plan.data_parallel if plan.zero >= 1 else 1
-    bw = hw.device.memory_bandwidth * hw.device.eff("memory").peak
+    bw = hw.device.achieved_memory_bandwidth()
     update = params / shard * max(nbytes / bw, flops / hw.device.peak("fp32")) + hw.device.launch_latency
     resident = plan.data_parallel if plan.zero >= 3 else 1  # ZeRO-3 keeps (and casts) a shard of the weights
     cast = fp8_cast / resident / bw + hw.device.launch_latency if fp8_cast else 0.0
@@ -1040,7 +1044,7 @@ def _grad_accumulation(hw: Hardware, plan: Plan, params: Any, dtype: str) -> Any
         return 0.0
     e = element_bytes(_grad_dtype(plan, dtype))
     shard = plan.data_parallel * plan.cp if plan.zero >= 2 else 1
-    bw = hw.device.memory_bandwidth * hw.device.eff("memory").peak
+    bw = hw.device.achieved_memory_bandwidth()
     fsdp = _fsdp_unsharded_grad_bytes(plan, dtype) * params
     passes = grad_pass_time(plan.grad_passes, params, e, element_bytes(dtype), bw, hw.device.launch_latency)
     return (3 * e * params / shard + fsdp) / bw + hw.device.launch_latency + passes

@@ -169,11 +169,8 @@ def per_micro(comm: Any, hw: Hardware, plan: Plan, group: Any, weight_element: f
     tensor before it in that pass's order (reversed in the backward pass)."""
     listed, _, params = model_tensors
     slices = _slices(hw, group)
-    repeat = max((c for _, c in listed), default=1)
-    block = [n for n, c in listed if c == repeat and repeat > 1]
+    repeat, block, rerun, kept = _block_layout(listed, plan)
     block_numel = sum(block) or 1.0
-    rerun = plan.recompute in FULL and bool(block)
-    kept = _kept_after_rerun(block) if rerun else [False] * len(block)
 
     def gather(n: float) -> Any:
         return comm.collective_time("allgather", n * weight_element, group, hw) + _traffic(hw, n * weight_element,
@@ -219,10 +216,19 @@ def per_micro(comm: Any, hw: Hardware, plan: Plan, group: Any, weight_element: f
     return total + reduce, exposed + reduce
 
 
+def _block_layout(listed: list[tuple[float, int]], plan: Plan) -> tuple[int, list[float], bool, list[bool]]:
+    """(the repeat count of the model's block, the block's tensor sizes in order, whether full recomputation
+    reruns the block, which of its tensors stay gathered after the rerun: `_kept_after_rerun`)."""
+    repeat = max((c for _, c in listed), default=1)
+    block = [n for n, c in listed if c == repeat and repeat > 1]
+    rerun = plan.recompute in FULL and bool(block)
+    return repeat, block, rerun, _kept_after_rerun(block) if rerun else [False] * len(block)
+
+
 def _traffic(hw: Hardware, nbytes: float, passes: int) -> float:
     """Seconds of `passes` reads or writes of `nbytes` in device memory at the achieved memory bandwidth (the
     hardware file's `memory` efficiency: BabelStream-class copy kernels)."""
-    return passes * nbytes / (hw.device.memory_bandwidth * hw.device.eff("memory").peak)
+    return passes * nbytes / hw.device.achieved_memory_bandwidth()
 
 
 def working_set(model_tensors: Tensors, plan: Plan, weight_element: float, grad_element: float) -> float:
@@ -230,11 +236,8 @@ def working_set(model_tensors: Tensors, plan: Plan, weight_element: float, grad_
     listed, _, _ = model_tensors
     if not listed:
         return 0.0
-    repeat = max(c for _, c in listed)
-    block = [n for n, c in listed if c == repeat and repeat > 1]
+    repeat, block, rerun, kept = _block_layout(listed, plan)
     rest = [n for n, c in listed if not (c == repeat and repeat > 1)]
-    rerun = plan.recompute in FULL and bool(block)
-    kept = _kept_after_rerun(block) if rerun else [False] * len(block)
     none = [False] * len(block)
     live = []
     if block:  # the forward's first prefetch is issued by the previous block's last tensor

@@ -233,6 +233,11 @@ class Device:
         raise SpecError(f"device {self.name} has no peak_flops for {dtype} ({why}it lists {listed}: try --dtype with "
                         f"one of them)", field="device.peak_flops")
 
+    def achieved_memory_bandwidth(self) -> float:
+        """Bytes/s a streaming memory-bound pass achieves: the bandwidth at the `memory` curve's asymptote
+        (BabelStream-class copy kernels where the file measures them)."""
+        return self.memory_bandwidth * self.eff("memory").peak
+
     def eff(self, kernel_class: str, dtype: str | None = None) -> Efficiency:
         """The curve of a kernel class; a dtype whose kernels run on other units (fp32 on CUDA cores, tf32, fp8)
         may have its own curve (`efficiency.matmul.dtypes.fp32`), else the class's curve stands in."""
