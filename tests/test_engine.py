@@ -323,3 +323,23 @@ def test_zero3_counts_the_gathered_working_set():
     r = predict(model, hw, plan)
     assert r.memory["gathered"] == pytest.approx(model.total_params / 32 * 6, rel=0.02)
     assert "gathered" not in predict(model, hw, plan.with_(zero=1)).memory
+
+
+@pytest.mark.parametrize("name, hardware, base, knobs", [
+    ("resnet50", "dgx-a100", Plan(devices=8, global_batch=2048, micro_batch=256, dtype="fp16"),
+     {"memory_format": "nchw", "zero": 2, "grad_dtype": "fp32", "optimizer": "sgd", "overlap": False}),
+    ("mixtral-8x7b", "dgx-h100", Plan(devices=16, ep=8, global_batch=64, micro_batch=1, dtype="bf16"),
+     {"ep_overlap": True, "zero": 3, "grad_dtype": "fp32", "moe_imbalance": 1.0}),
+])
+def test_memoised_stage_costs_never_leak_between_plans(name, hardware, base, knobs):
+    """StepModel memoises stage costs by a key of the plan's fields; a plan that differs in one knob must be
+    priced as a fresh engine prices it (the key once lacked the convolution memory format, so an engine that
+    had seen nhwc priced nchw as nhwc)."""
+    from dlperf.engine.step import StepModel
+
+    model, hw = load_model(name), load_hardware(hardware)
+    for field, value in knobs.items():
+        plan = base.with_(**{field: value})
+        engine = StepModel(model, hw)
+        engine.predict(base)
+        assert engine.predict(plan).step_time_s == predict(model, hw, plan).step_time_s, field

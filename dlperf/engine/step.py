@@ -108,7 +108,8 @@ class StepModel:
     """One model on one cluster, priced plan after plan.
 
     The expensive part of a prediction, the stage costs (every layer's kernels), depends only on (tp, pp,
-    sequence parallelism, recomputation, micro-batch, dtype); it is memoised, so a search over many plans
+    sequence parallelism, recomputation, micro-batch, dtype, convolution memory format, ...: `stages`' key); it
+    is memoised, so a search over many plans
     prices each distinct structure once and combines the cheap knobs (micro-batch count, schedule, virtual
     stages, ZeRO, dp communication) per plan. `predict` is this with a fresh cache.
     """
@@ -139,7 +140,7 @@ class StepModel:
         """(every stage's cost, the slowest stage, the most parameters on one device, the largest activation
         crossing a stage boundary per sample)."""
         key = (plan.tp, plan.pp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.hybrid_fc,
-               plan.data_parallel, plan.tp_overlap, *_ep_cp_key(plan), *_acts_key(plan))
+               plan.data_parallel, plan.tp_overlap, plan.memory_format, *_ep_cp_key(plan), *_acts_key(plan))
         if key not in self._stages and plan.hybrid_fc:
             part = self._hybrid_fc(plan, dtype, e)
             self._stages[key] = ([part], part, part.params, 0)
