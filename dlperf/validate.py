@@ -24,6 +24,10 @@ Plan ranking: rows measured on the same source, model (and `set:`), hardware, de
 absolute unit, with different plans, form a group (or the rows sharing an explicit `group:` name do); the Spearman
 rank correlation between measured and predicted within each group says whether dlperf orders alternative plans
 the way the hardware did, which is what plan search relies on.
+
+A row whose `evidence` is `simulated` quotes another model's output, not a measurement: it is predicted and
+summarised with its source, but the overall figures (mean error, Spearman median, --max-error) cover
+measurements only.
 """
 
 from __future__ import annotations
@@ -64,7 +68,10 @@ RATIO_UNITS = {
     "scaling_efficiency": "matrix_tflops_per_device",
 }
 UNITS = (*ABSOLUTE_UNITS, *RATIO_UNITS)
-EVIDENCE = ("verified", "secondary", "unverified")
+# `simulated`: the published figure is another model's output (a simulator's prediction), not a measurement.
+# Such rows are predicted and compared per source, but left out of the overall error, the overall Spearman
+# median and --max-error: agreeing with another model is not accuracy.
+EVIDENCE = ("verified", "secondary", "unverified", "simulated")
 TOP_KEYS = ("sources", "rows", "tables")
 TABLE_KEYS = ("columns", "template", "rows")
 MAX_CELL_CHARS = 200  # a table cell that is text: an id part, a label
@@ -111,6 +118,11 @@ class Row:
     @property
     def is_ratio(self) -> bool:
         return self.unit in RATIO_UNITS
+
+    @property
+    def is_measurement(self) -> bool:
+        """False for a figure another model computed (evidence `simulated`)."""
+        return self.evidence != "simulated"
 
 
 @dataclass(frozen=True)
@@ -572,16 +584,24 @@ def result_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
     } for r in results]
 
 
+def measurements(results: Sequence[Result]) -> list[Result]:
+    """The results whose figure was measured (not another model's output, see EVIDENCE)."""
+    return [r for r in results if r.row.is_measurement]
+
+
 def summary(results: Sequence[Result]) -> list[dict[str, Any]]:
     """Per source (in first-seen order) and overall: count, mean/median/max absolute % error, mean signed %,
-    the number of plan groups and the median within-group Spearman rank correlation (None without groups)."""
+    the number of plan groups and the median within-group Spearman rank correlation (None without groups).
+    A source whose figures are simulated is summarised on its own line (`measured` False) and left out of
+    the overall, which covers measurements only."""
     by_source: dict[str, list[Result]] = {}
     for r in results:
         by_source.setdefault(r.row.source, []).append(r)
     ranked = plan_groups(results)
     out = [_stats(name, chosen, [g for g in ranked if g["source"] == name]) for name, chosen in by_source.items()]
-    if results:
-        out.append(_stats("overall", list(results), ranked))
+    measured = measurements(results)
+    if measured:
+        out.append(_stats("overall", measured, [g for g in ranked if g["measured"]]))
     return out
 
 
@@ -590,7 +610,8 @@ def _stats(name: str, results: Sequence[Result], ranked: Sequence[dict[str, Any]
     absolute = [abs(e) for e in errors]
     rhos = [g["spearman"] for g in ranked if g["spearman"] is not None]
     return {
-        "source": name, "count": len(errors), "mean_abs_error_pct": statistics.fmean(absolute),
+        "source": name, "measured": all(r.row.is_measurement for r in results), "count": len(errors),
+        "mean_abs_error_pct": statistics.fmean(absolute),
         "median_abs_error_pct": statistics.median(absolute), "max_abs_error_pct": max(absolute),
         "mean_signed_error_pct": statistics.fmean(errors), "groups": len(rhos),
         "spearman_median": statistics.median(rhos) if rhos else None,
@@ -662,7 +683,7 @@ def plan_groups(results: Sequence[Result]) -> list[dict[str, Any]]:
             rho = 0.0
         out.append({"source": members[0].row.source, "ids": [m.row.id for m in members], "count": len(members),
                     "unit": members[0].row.unit, "varies": _varies([m.row.plan for m in members]),
-                    "spearman": rho})
+                    "spearman": rho, "measured": all(m.row.is_measurement for m in members)})
     return out
 
 
@@ -683,8 +704,9 @@ def is_layout_group(group: dict[str, Any]) -> bool:
 
 
 def median_spearman(results: Sequence[Result], layout_only: bool = False) -> float | None:
-    """Median within-group Spearman over all plan groups (or only the groups at one precision)."""
-    rhos = [g["spearman"] for g in plan_groups(results)
+    """Median within-group Spearman over the plan groups of measured rows (or only the groups at one
+    precision)."""
+    rhos = [g["spearman"] for g in plan_groups(measurements(results))
             if g["spearman"] is not None and (not layout_only or is_layout_group(g))]
     return statistics.median(rhos) if rhos else None
 
@@ -723,7 +745,21 @@ def unscorable(results: Sequence[Result]) -> list[Result]:
 
 
 def mean_abs_error(results: Sequence[Result]) -> float:
-    return statistics.fmean(abs(r.error_pct) for r in results)
+    """Over the measured rows (what --max-error gates), or over all when none is measured (a simulated source
+    chosen alone is still gated on itself)."""
+    scored = measurements(results) or results
+    return statistics.fmean(abs(r.error_pct) for r in scored)
+
+
+def simulated_line(results: Sequence[Result]) -> str:
+    """One line naming the rows left out of the overall figures because they are not measurements ('' when
+    none)."""
+    simulated = Counter(r.row.source for r in results if not r.row.is_measurement)
+    if not simulated:
+        return ""
+    parts = ", ".join(f"{source} {n:,}" for source, n in simulated.items())
+    return (f"left out of overall: {sum(simulated.values()):,} rows whose figure is another model's output, not a "
+            f"measurement (evidence: simulated): {parts}")
 
 
 # ----------------------------------------------------------------------------------------------- plot

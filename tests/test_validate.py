@@ -32,6 +32,7 @@ from dlperf.validate import (
     plan_groups,
     predicted_unfit,
     select,
+    simulated_line,
     spearman,
     summary,
 )
@@ -434,8 +435,8 @@ def test_vtrain_seconds_are_the_published_milliseconds():
 # ----------------------------------------------------------------------------------------- arithmetic
 
 
-def fake(value: float, predicted: float, source: str = "s") -> Result:
-    row = Row(id="r", source=source, citation="c", where="w", evidence="verified", tags=(), model="gpt", sets={},
+def fake(value: float, predicted: float, source: str = "s", evidence: str = "verified") -> Result:
+    row = Row(id="r", source=source, citation="c", where="w", evidence=evidence, tags=(), model="gpt", sets={},
               hardware="dgx-a100", plan=Plan(), value=value, unit="samples_per_s")
     return Result(row, predicted)
 
@@ -445,7 +446,8 @@ def test_signed_error_and_summary_are_hand_computed():
     assert [r.error_pct for r in results] == pytest.approx([10.0, -25.0, 5.0])
     a, b, overall = summary(results)
     # source a: the two rows share model, hardware, devices, batch and unit -> one plan group, ranked right
-    assert a == pytest.approx({"source": "a", "count": 2, "mean_abs_error_pct": 17.5, "median_abs_error_pct": 17.5,
+    assert a == pytest.approx({"source": "a", "measured": True, "count": 2, "mean_abs_error_pct": 17.5,
+                               "median_abs_error_pct": 17.5,
                                "max_abs_error_pct": 25.0, "mean_signed_error_pct": -7.5, "groups": 1,
                                "spearman_median": 1.0})
     assert (b["source"], b["count"], b["max_abs_error_pct"]) == ("b", 1, pytest.approx(5.0))
@@ -454,6 +456,39 @@ def test_signed_error_and_summary_are_hand_computed():
     assert overall["mean_abs_error_pct"] == pytest.approx(40 / 3)
     assert overall["median_abs_error_pct"] == pytest.approx(10.0)
     assert mean_abs_error(results) == pytest.approx(40 / 3)
+
+
+def test_simulated_rows_are_summarised_but_left_out_of_the_overall():
+    """A figure another model computed is compared per source, never counted as accuracy: the overall error,
+    its plan groups and --max-error's mean cover the measured rows only."""
+    results = [fake(100, 110, "a"), fake(100, 300, "sim", "simulated"), fake(200, 900, "sim", "simulated")]
+    a, sim, overall = summary(results)
+    assert (sim["source"], sim["measured"], sim["count"], sim["groups"]) == ("sim", False, 2, 1)
+    assert (overall["count"], overall["groups"]) == (1, 0)
+    assert overall["mean_abs_error_pct"] == pytest.approx(10.0) == mean_abs_error(results)
+    assert median_spearman(results) is None
+    assert "2 rows" in simulated_line(results) and "sim 2" in simulated_line(results)
+    assert simulated_line(results[:1]) == ""
+    # a simulated source chosen alone is still gated on itself
+    assert mean_abs_error(results[1:]) == pytest.approx(300.0)
+
+
+def test_vtrain_single_node_is_marked_simulated():
+    """VIA-Research/vTrain's single-node 'ground truth' is exactly bilinear in layers and micro-batches within a
+    plan (benchmarks/vtrain_ground_truth_check.py): per-layer steps repeat to the nanosecond, which no measured
+    iteration does. Checked here on the rows themselves, and that the file says so."""
+    data = yaml.safe_load(VTRAIN.read_text())
+    single = next(t for t in data["tables"] if t["template"]["source"] == "vtrain-single-node")
+    assert single["template"]["evidence"] == "simulated"
+    cols = single["columns"]
+    times: dict[tuple, dict[int, float]] = {}
+    for cells in single["rows"]:
+        r = dict(zip(cols, cells, strict=True))
+        if r["dp"] == 1 and r["pp"] == 1:
+            times.setdefault((r["hidden"], r["tp"], r["micro_batch"], r["global_batch"]), {})[r["layers"]] = r["s"]
+    steps = [[(t[b] - t[a]) / (b - a) for a, b in zip(sorted(t), sorted(t)[1:])] for t in times.values() if len(t) > 2]
+    assert len(steps) >= 10
+    assert all(max(s) - min(s) < 2e-9 for s in steps)
 
 
 @given(st.lists(st.tuples(st.floats(0.1, 1e6), st.floats(0.1, 1e6)), min_size=1, max_size=20))

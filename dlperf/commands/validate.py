@@ -32,7 +32,9 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
     For each row: measured and predicted figure and the signed error (predicted - measured) / measured in
     percent; then the mean, median and maximum absolute error per source and overall, and the median Spearman
     rank correlation within groups of alternative plans (same source, model, hardware, device count, global
-    batch and unit). Rows marked `pending:` (features dlperf does not model yet) are listed, not scored.
+    batch and unit). Rows marked `pending:` (features dlperf does not model yet) are listed, not scored; rows
+    whose figure is another model's output (evidence `simulated`) are summarised with their source but left out
+    of the overall figures and of --max-error.
     `--format csv` holds the per-row table only; `json` holds the rows, the summary, the plan groups and the
     pending rows.
     """
@@ -49,6 +51,7 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
         predicted_unfit,
         result_rows,
         select,
+        simulated_line,
         summary,
         unfit_line,
         unscorable,
@@ -77,13 +80,14 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
         click.echo(render(per_row, "table", ROW_COLUMNS, title="Predicted vs measured (error = signed %)"))
         click.echo()
         click.echo(render(stats, "table", title="Absolute % error per source"))
+        ranked = [g for g in groups if g["spearman"] is not None and g["measured"]]
         click.echo(_spearman_line("median within-group Spearman (alternative plans for one model, cluster and batch)",
-                                  rho, [g for g in groups if g["spearman"] is not None]))
+                                  rho, ranked))
         click.echo(_spearman_line("  only groups at one precision (parallel layout, micro-batch, recomputation vary)",
-                                  layout_rho, [g for g in groups if g["spearman"] is not None and is_layout_group(g)]))
-        unfit = unfit_line(results)
-        if unfit:
-            click.echo(unfit)
+                                  layout_rho, [g for g in ranked if is_layout_group(g)]))
+        for line in (simulated_line(results), unfit_line(results)):
+            if line:
+                click.echo(line)
         if waiting:
             click.echo()
             _echo_pending(waiting, fmt)
