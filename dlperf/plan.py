@@ -28,6 +28,7 @@ RECOMPUTE_MODULES = ("layernorm", "mla_up_proj", "moe_act")
 # NVIDIA's Hybrid-EP kernels in DeepEP's hybrid-ep branch as Megatron-Core's flex dispatcher runs them (BF16 both
 # ways, legs overlapped as DeepEP's, 32 SMs: dlperf.engine.context.HYBRIDEP_SMS).
 EP_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+FP8_SCALINGS = ("delayed", "current")  # the fp8 recipe's scales: from an amax history, or from the tensor cast
 # How ZeRO stage 3 gathers and reduces (dlperf.engine.zero_impl): "fsdp", one collective per repeated block with
 # prefetch (PyTorch FSDP, the default); "deepspeed-0.3", DeepSpeed v0.3.12-v0.4.0's stage 3 (per-tensor gathers
 # through list collectives, device-wide synchronisation, bucketed gradient allreduce).
@@ -77,6 +78,7 @@ class Plan:
     hybrid_fc: bool = False              # Krizhevsky 2014: data-parallel convolutions, model-parallel FC head
     tp_overlap: bool = False             # tp all-gather/reduce-scatter pipelined with the GEMMs (needs SP)
     fp8_param_gather: bool = False       # ZeRO parameter all-gathers in FP8 (needs dtype fp8)
+    fp8_scaling: str = "delayed"         # how the fp8 recipe takes its scales (FP8_SCALINGS)
     ep: int = 1                          # expert parallelism: experts sharded over ep ranks of the dp*cp group
     cp: int = 1                          # context parallelism: each sequence split over cp ranks
     cp_algorithm: str = "ring"           # ring attention (KV passed around) or ulysses (all-to-all over heads)
@@ -203,6 +205,10 @@ def _check_activation_knobs(plan: Plan) -> None:
     if plan.fp8_activations and plan.dtype != "fp8":
         raise PlanError("--fp8-activations caches activations in FP8: it needs --dtype fp8", found=plan.dtype)
     _choice("ep_dispatcher", plan.ep_dispatcher, EP_DISPATCHERS)
+    _choice("fp8_scaling", plan.fp8_scaling, FP8_SCALINGS)
+    if plan.fp8_scaling != "delayed" and plan.dtype != "fp8":
+        raise PlanError(f"--fp8-scaling {plan.fp8_scaling} is how the per-tensor FP8 recipe scales: it needs --dtype "
+                        "fp8 (mxfp8 and nvfp4 carry block scales)", found=plan.dtype)
     if plan.ep_dispatcher != "alltoall" and plan.ep == 1:
         raise PlanError(f"--ep-dispatcher {plan.ep_dispatcher} moves expert tokens: it needs ep > 1", found=plan.ep)
 

@@ -755,3 +755,53 @@ def test_gpt_oss_extras_slow_the_step():
     moe.pop("act_clamp")
     moe["expert_bias"] = False
     assert predict(model_from_dict(doc, "t", {}), hw, plan).step_time_s < full
+
+
+def test_grouped_gemm_quantizes_each_experts_rows_unless_delayed_scaling():
+    """Transformer Engine's GroupedLinear quantizes its input (forward) and output gradient (backward) with one
+    split_quantize call that fuses the experts only under delayed scaling; current scaling runs zero-amax, amax,
+    scale and cast per expert (4 each), MXFP8 one cast per expert, NVFP4 its amax pass and cast per expert. The
+    bytes stay those of one pass over the tensor, and the host pays one framework call each way."""
+    from dlperf.ops.fp8 import fp8_kernels, quantize_launches
+    from dlperf.ops.moe import grouped_gemm
+
+    assert [quantize_launches("fp8", "delayed", g) for g in (1, 16)] == [1, 1]
+    assert [quantize_launches("fp8", "current", g) for g in (1, 16)] == [4, 64]
+    assert [quantize_launches(r, "delayed", 16) for r in ("mxfp8", "nvfp4")] == [16, 32]
+    m, k, n, e = 32768, 2048, 1536, 2
+    delayed, current = (fp8_kernels([grouped_gemm("up", m, k, n, e, 16, "n")], e, "fp8", s)[0]
+                        for s in ("delayed", "current"))
+    assert delayed.phase_launches == (1, 1) and current.phase_launches == (64, 64)
+    assert current.host_ops == delayed.host_ops == (1, 1)
+    assert current.cost == delayed.cost
+
+
+def test_current_scaling_prices_each_extra_quantize_launch_on_the_device():
+    """Qwen3-30B-A3B with 16 experts per rank under FP8: current scaling adds, per MoE layer and pass, 63 launches
+    to each of the two expert casts (64 instead of one fused kernel) and 3 to each dense cast (4 instead of 1),
+    each a launch latency plus the element-wise kernel's startup on the device; nothing else moves."""
+    from dlperf.engine.device import startup_time
+
+    model, hw = load_model("qwen3-30b-a3b", {"seq": 4096}), load_hardware("dgx-h100")
+    plan = Plan(devices=8, dp=8, ep=8, global_batch=8, micro_batch=1, dtype="fp8", moe_imbalance=1.0)
+    delayed = StepModel(model, hw).stages(plan, "fp8", 2)[0][0]
+    current = StepModel(model, hw).stages(replace(plan, fp8_scaling="current"), "fp8", 2)[0][0]
+    per_launch = hw.device.launch_latency + startup_time(hw.device.eff("memory"), max(hw.device.peak_flops.values()))
+    dense_casts = 3  # the attention's q, kv and output projections (the output layer stays bf16)
+    extra = model.params["layers"] * (2 * 63 + dense_casts * 3)
+    assert current.forward - delayed.forward == pytest.approx(extra * per_launch, rel=1e-9)
+    assert current.backward - delayed.backward == pytest.approx(extra * per_launch, rel=1e-9)
+    assert current.host_fwd == pytest.approx(delayed.host_fwd)
+
+
+def test_fp8_scaling_needs_the_per_tensor_fp8_recipe(capsys):
+    from dlperf.cli import main
+
+    for dtype in ("bf16", "mxfp8"):
+        with pytest.raises(SystemExit) as bad:
+            main(["predict", "qwen3-30b-a3b", "dgx-b200", "--gpus", "8", "--ep", "8", "--dtype", dtype,
+                  "--fp8-scaling", "current"])
+        assert bad.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("Error: --fp8-scaling current is how the per-tensor FP8 recipe scales") and \
+            "\n" not in err

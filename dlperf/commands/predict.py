@@ -17,7 +17,7 @@ from dlperf.commands.common import (
     set_option,
     wrote,
 )
-from dlperf.plan import DTYPES, EP_DISPATCHERS, GRAD_DTYPES
+from dlperf.plan import DTYPES, EP_DISPATCHERS, FP8_SCALINGS, GRAD_DTYPES
 from dlperf.report import render, to_json
 
 DTYPE_CHOICES = click.Choice(DTYPES)
@@ -108,6 +108,10 @@ def plan_options(fn: Callable) -> Callable:
                           "--tp-comm-overlap; needs --sequence-parallel)."),
         click.option("--fp8-param-gather", is_flag=True,
                      help="With --dtype fp8 and ZeRO: all-gather parameters in FP8 (Megatron --fp8-param-gather)."),
+        click.option("--fp8-scaling", type=click.Choice(list(FP8_SCALINGS)), default="delayed", show_default=True,
+                     help="With --dtype fp8: scales from an amax history (Transformer Engine's DelayedScaling) or "
+                          "from each tensor as it is cast (Float8CurrentScaling, Megatron-Bridge's FP8-CS: an amax "
+                          "pass and a scale kernel before every cast, per expert in a grouped GEMM)."),
         click.option("--compression", default="none", show_default=True,
                      help="Gradient compression: none, fp16, int8, 1bit, terngrad, qsgd:S, topk:FRACTION."),
         click.option("--consistency", type=click.Choice(["sync", "ssp", "async"]), default="sync",
@@ -152,7 +156,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         consistency=opts.get("consistency", "sync"), staleness=opts.get("staleness", 0),
         parameter_server=opts.get("parameter_server", 0), optimizer=opts.get("optimizer", "adam"),
         hybrid_fc=opts.get("hybrid_fc", False), tp_overlap=opts.get("tp_overlap", False),
-        fp8_param_gather=opts.get("fp8_param_gather", False),
+        fp8_param_gather=opts.get("fp8_param_gather", False), fp8_scaling=opts.get("fp8_scaling") or "delayed",
         dtype=opts.get("dtype"), grad_dtype=opts.get("grad_dtype"),
         ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
         moe_imbalance=opts.get("moe_imbalance"), ep_overlap=opts.get("ep_overlap", False),

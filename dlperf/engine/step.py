@@ -208,7 +208,7 @@ class StepModel:
 
     def _cost_of(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
         key = (tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap,
-               plan.memory_format, *_ep_cp_key(plan), *_acts_key(plan))
+               plan.memory_format, plan.fp8_scaling, *_ep_cp_key(plan), *_acts_key(plan))
         if key not in self._cost:
             uses_key = (tuple(nodes), plan.sequence_parallel)
             if uses_key not in self._uses:
@@ -216,7 +216,8 @@ class StepModel:
             self._cost[key] = stage_cost(self._uses[uses_key], plan.micro, e, self.hw, dtype, plan.tp,
                                          plan.sequence_parallel, plan.recompute, self._tp_comm(plan.tp),
                                          self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan),
-                                         self._kernel_times, self._policy(plan), plan.memory_format == "nchw")
+                                         self._kernel_times, self._policy(plan), plan.memory_format == "nchw",
+                                         plan.fp8_scaling)
         return self._cost[key]
 
     def _policy(self, plan: Plan) -> ActivationPolicy | None:

@@ -56,7 +56,8 @@ class Kernel:
     fp32); `expert` marks the routed experts' work, which lands on the busiest expert-parallel rank (the engine
     scales its time by the load-imbalance or capacity factor). `framework_ops` is how many operators the
     framework issues for the kernel's forward launches, which is what the host pays for (None: one per launch;
-    cuDNN launches a Winograd or FFT convolution's transform kernels from C++ inside one conv2d call).
+    cuDNN launches a Winograd or FFT convolution's transform kernels from C++ inside one conv2d call), and
+    `bwd_framework_ops` how many for the backward's (None: twice `framework_ops`, data and weight gradient).
     `slowdown` is (forward, backward) time of this implementation over what its class's curve gives, for a kernel
     measured only relative to the one the curve describes (FlashAttention in Triton against FlashAttention-2).
     """
@@ -76,6 +77,7 @@ class Kernel:
     dtype: str | None = None
     expert: bool = False
     framework_ops: Any = None
+    bwd_framework_ops: Any = None
     slowdown: tuple[float, float] = (1.0, 1.0)
     seq: Any = None  # a fused attention kernel: the key length its query blocks loop over (curve's seq_half)
 
@@ -100,11 +102,13 @@ class Kernel:
     @property
     def host_ops(self) -> tuple[Any, Any]:
         """(forward, backward) operators the host issues: `phase_launches`, or `framework_ops` per forward and
-        twice that backward (data and weight gradient) when the kernels launch more than the framework calls."""
+        `bwd_framework_ops` (default twice that: data and weight gradient) backward when the kernels launch more
+        than the framework calls."""
         fwd, bwd = self.phase_launches
         if self.framework_ops is None:
             return fwd, bwd
-        return (self.framework_ops if fwd else 0), (2 * self.framework_ops if bwd else 0)
+        backward = 2 * self.framework_ops if self.bwd_framework_ops is None else self.bwd_framework_ops
+        return (self.framework_ops if fwd else 0), (backward if bwd else 0)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,15 @@ CAST_FLOPS = 2               # per element: |x| into the amax reduction, and the
 RHT_FLOPS = 2 * NV_BLOCK     # per element of NVFP4's column-wise copy: a 16-point Hadamard row, 16 multiply-adds
 # 16-bit reads per element of a quantized tensor: the cast, and under NVFP4 the amax pass before it (quantizer.cpp)
 READS = {"fp8": 1, "mxfp8": 1, "nvfp4": 2}
+# Launches of one quantization under the per-tensor FP8 recipe (`fp8`), by how it takes its scales (plan
+# `fp8_scaling`, dlperf.plan.FP8_SCALINGS): "delayed" from an amax history
+# (TE's DelayedScaling: the cast takes the amax inside its own kernel, Float8Quantizer::quantize, one
+# nvte_quantize_v2), "current" from the tensor being cast (TE's Float8CurrentScaling, Megatron-Bridge's FP8-CS:
+# Float8CurrentScalingQuantizer::quantize_impl launches zero_amax_kernel and the amax reduction
+# (nvte_compute_amax_with_config), compute_scale_from_amax_kernel, then the cast (nvte_quantize_v2):
+# transformer_engine/pytorch/csrc/quantizer.cpp and common/recipe/current_scaling.cu, NVIDIA/TransformerEngine
+# v2.9 @70f53666, the same through v2.13).
+QUANTIZE_LAUNCHES = {"delayed": 1, "current": 4}
 
 
 def is_recipe(dtype: str | None) -> bool:
@@ -109,10 +118,11 @@ def kernel_dtype(kernel: Kernel, dtype: str) -> str:
     return storage_dtype(dtype)
 
 
-def fp8_kernels(kernels: list[Kernel], e: int, recipe: str = "fp8") -> list[Kernel]:
+def fp8_kernels(kernels: list[Kernel], e: int, recipe: str = "fp8", scaling: str = "delayed") -> list[Kernel]:
     """Each weight GEMM becomes its operand casts and an FP8 GEMM; other kernels are unchanged, and so is a GEMM
     whose precision the layer pins (a MoE router: Megatron-Core computes it with torch's linear outside Transformer
-    Engine's fp8_autocast, router.py TopKRouter.gating @92c8482e)."""
+    Engine's fp8_autocast, router.py TopKRouter.gating @92c8482e). `scaling` is the `fp8` recipe's
+    (dlperf.plan.FP8_SCALINGS); the block-scaled recipes have their own."""
     out: list[Kernel] = []
     b, reads, rht = OPERAND_BYTES[recipe], READS[recipe], RHT_FLOPS if recipe == "nvfp4" else 0
     for kernel in kernels:
@@ -120,9 +130,28 @@ def fp8_kernels(kernels: list[Kernel], e: int, recipe: str = "fp8") -> list[Kern
             out.append(kernel)
             continue
         m, k, n = kernel.weight_gemm
-        out += [_cast_kernel(f"{kernel.name}_fp8_cast", m * k, m * n, e, b, reads, rht),
+        launches = quantize_launches(recipe, scaling, kernel.weight_groups)
+        out += [_cast_kernel(f"{kernel.name}_fp8_cast", m * k, m * n, e, b, reads, rht, launches),
                 _fp8_gemm(kernel, m, k, n, e, b)]
     return out
+
+
+def quantize_launches(recipe: str, scaling: str, groups: Any = 1) -> Any:
+    """Kernels one quantization of a GEMM operand launches (forward: the input; backward: the output gradient),
+    over `groups` experts' row blocks when the GEMM is grouped.
+
+    A tensor: READS (the cast; NVFP4's amax pass and cast), or under current scaling QUANTIZE_LAUNCHES. A grouped
+    GEMM (Transformer Engine's GroupedLinear, Megatron-Core's TEGroupedMLP) quantizes its input forward and its
+    output gradient backward with tex.split_quantize, one call over the experts' row blocks (m_splits), which runs
+    one fused kernel for all of them only for delayed scaling (nvte_multi_cast_transpose, "Currently only have
+    fused kernel for FP8 delayed scaling") and otherwise quantizes each block on its own, a whole quantization per
+    expert: multi_tensor_quantize_impl in transformer_engine/pytorch/csrc/extensions/cast.cpp, called from
+    _GroupedLinear.forward and .backward in pytorch/module/grouped_linear.py (NVIDIA/TransformerEngine v2.9
+    @70f53666, the TE Megatron-Bridge 25.11 pins, unchanged through v2.13)."""
+    per_tensor = QUANTIZE_LAUNCHES[scaling] if recipe == "fp8" else READS[recipe]
+    if (recipe == "fp8" and scaling == "delayed") or not isinstance(groups, int) or groups <= 1:
+        return per_tensor
+    return per_tensor * groups
 
 
 def _fp8_gemm(kernel: Kernel, m: Any, k: Any, n: Any, e: int, b: float = FP8) -> Kernel:
@@ -136,16 +165,19 @@ def _fp8_gemm(kernel: Kernel, m: Any, k: Any, n: Any, e: int, b: float = FP8) ->
 
 
 def _cast_kernel(name: str, activation: Any, gradient: Any, e: int, b: float = FP8, reads: int = 1,
-                 rht: int = 0) -> Kernel:
+                 rht: int = 0, launches: Any = None) -> Kernel:
     """cast_transpose of the activation (forward) and of the output gradient (backward), with their amax: reads
     the 16-bit tensor `reads` times (NVFP4: the amax pass, then the cast), writes two copies of `b` bytes per
-    element; `rht` FLOPs per element for NVFP4's Hadamard transform of the column-wise copy."""
+    element; `rht` FLOPs per element for NVFP4's Hadamard transform of the column-wise copy. `launches` per pass
+    (quantize_launches; default `reads`) come from one framework call each way: Transformer Engine's C++ issues
+    the amax, scale and per-expert kernels itself."""
     per_element = reads * e + 2 * b
     flops = CAST_FLOPS + rht
+    launches = reads if launches is None else launches
     return Kernel(name, "memory", Cost(
         fwd_flops=flops * activation, bwd_data_flops=flops * gradient,
         fwd_bytes=per_element * activation, bwd_bytes=per_element * gradient, depth=1, bwd_depth=1,
-    ), launches=reads, bwd_launches=reads)
+    ), launches=launches, bwd_launches=launches, framework_ops=reads, bwd_framework_ops=reads)
 
 
 def saved_bytes(layer: Layer, saved: Any, e: int, recipe: str = "fp8") -> Any:
