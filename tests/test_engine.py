@@ -330,6 +330,8 @@ def test_zero3_counts_the_gathered_working_set():
      {"memory_format": "nchw", "zero": 2, "grad_dtype": "fp32", "optimizer": "sgd", "overlap": False}),
     ("mixtral-8x7b", "dgx-h100", Plan(devices=16, ep=8, global_batch=64, micro_batch=1, dtype="bf16"),
      {"ep_overlap": True, "zero": 3, "grad_dtype": "fp32", "moe_imbalance": 1.0}),
+    ("llama3-8b", "dgx-h100", Plan(devices=8, global_batch=16, micro_batch=1, dtype="fp8"),
+     {"fp8_scaling": "current", "zero": 1, "grad_dtype": "fp32"}),
 ])
 def test_memoised_stage_costs_never_leak_between_plans(name, hardware, base, knobs):
     """StepModel memoises stage costs by a key of the plan's fields; a plan that differs in one knob must be

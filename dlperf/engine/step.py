@@ -140,7 +140,8 @@ class StepModel:
         """(every stage's cost, the slowest stage, the most parameters on one device, the largest activation
         crossing a stage boundary per sample)."""
         key = (plan.tp, plan.pp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.hybrid_fc,
-               plan.data_parallel, plan.tp_overlap, plan.memory_format, *_ep_cp_key(plan), *_acts_key(plan))
+               plan.data_parallel, plan.tp_overlap, plan.memory_format, plan.fp8_scaling, *_ep_cp_key(plan),
+               *_acts_key(plan))
         if key not in self._stages and plan.hybrid_fc:
             part = self._hybrid_fc(plan, dtype, e)
             self._stages[key] = ([part], part, part.params, 0)
