@@ -94,3 +94,14 @@ def test_the_cli_takes_the_loop_and_refuses_it_with_zero_in_one_line(run):
     code, _, err = run("predict", "resnet50", "dgx-a100", "--gpus", "8", "--optimizer-impl", "per-tensor",
                        "--zero", "1")
     assert code == 2 and "flat shards" in err and len(err.strip().splitlines()) == 1
+
+
+def test_explain_re_predicts_the_per_tensor_step_fused():
+    from dlperf.search import explain
+
+    plan = Plan(devices=8, global_batch=2048, micro_batch=256, dtype="fp16", optimizer="momentum",
+                optimizer_impl="per-tensor")
+    rows = {r["change"]: r["step_time_s"] for r in explain(_resnet(), _hw(), plan)["sensitivities"]}
+    fused = StepModel(_resnet(), _hw()).predict(plan.with_(optimizer_impl="fused")).step_time_s
+    assert rows["optimizer per-tensor -> fused"] == pytest.approx(fused, rel=1e-9)
+    assert fused < StepModel(_resnet(), _hw()).predict(plan).step_time_s
