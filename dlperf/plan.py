@@ -41,6 +41,10 @@ MEMORY_FORMATS = ("nhwc", "nchw")
 # pipeline, no cap); "cpu", a PyTorch DataLoader whose `loader_workers` processes per training process run
 # `input_ops` (names in dlperf.engine.input.INPUT_COSTS) on the host's CPU, which caps the step when slower.
 DATA_BACKENDS = ("synthetic", "cpu")
+# How the optimizer step runs (dlperf.engine.optimizer_loop): "fused", one pass over all parameters (apex and
+# Megatron fused optimizers, PyTorch >= 2.0's foreach/fused defaults on GPU); "per-tensor", PyTorch < 2.0's
+# torch.optim for-loop: a few small kernels per parameter tensor, and zero_grad zeroes each gradient.
+OPTIMIZER_IMPLS = ("fused", "per-tensor")
 MAX_LOADER_WORKERS = 1024  # per training process; more is a typo (a node has a few hundred cores)
 # Default load imbalance of dropless expert routing: the busiest expert-parallel rank gets this many times the
 # mean number of routed tokens. Source: Switch Transformer (Fedus et al. 2022, JMLR 23, Sec. 2.2 and Table 1),
@@ -94,6 +98,7 @@ class Plan:
     input_ops: tuple[str, ...] = ()      # per-sample CPU work of the loader (dlperf.engine.input.INPUT_COSTS)
     grad_passes: tuple[str, ...] = ()    # per-micro-batch passes over the gradient (engine.grad_passes.GRAD_PASSES)
     offload_layers: int = 0              # blocks whose saved activations go to host memory (dlperf.engine.offload)
+    optimizer_impl: str = "fused"        # how the optimizer step runs (OPTIMIZER_IMPLS)
 
     @property
     def data_parallel(self) -> int:
@@ -174,6 +179,11 @@ def _check_knobs(plan: Plan) -> None:
     _choice("cp_algorithm", plan.cp_algorithm, CP_ALGORITHMS)
     _choice("zero_impl", plan.zero_impl, ZERO_IMPLS)
     _choice("memory_format", plan.memory_format, MEMORY_FORMATS)
+    _choice("optimizer_impl", plan.optimizer_impl, OPTIMIZER_IMPLS)
+    if plan.optimizer_impl == "per-tensor" and plan.zero:
+        # ZeRO updates flat shards of the parameters, not the model's tensors one by one
+        raise PlanError("optimizer_impl per-tensor is torch.optim's loop over whole parameter tensors; ZeRO "
+                        "updates flat shards", expected="zero: 0", found=plan.zero)
     if plan.zero_impl != "fsdp" and plan.zero != 3:
         raise PlanError(f"zero_impl {plan.zero_impl} describes ZeRO stage 3", expected="zero: 3", found=plan.zero)
     if plan.zero_impl == "deepspeed-0.3" and (plan.pp > 1 or plan.cp > 1 or plan.ep > 1):

@@ -553,6 +553,8 @@ def _knob_changes(plan: Plan) -> list[tuple[str, Plan]]:
         out.append((f"loader workers {workers} -> {2 * workers}", plan.with_(loader_workers=2 * workers)))
     if plan.memory_format == "nchw":
         out.append(("memory format nchw -> nhwc", plan.with_(memory_format="nhwc")))
+    if plan.optimizer_impl == "per-tensor":  # a fused step launches one kernel (dlperf.engine.optimizer_loop)
+        out.append(("optimizer per-tensor -> fused", plan.with_(optimizer_impl="fused")))
     return out
 
 

@@ -99,3 +99,17 @@ def test_moe_layer_fp8_keeps_expert_gemm_inputs_quantized(recipe):
         moe = next(layer for layer, _ in model.layers() if layer.op == "moe")
         kept = saved_bytes(moe, OPS["moe"].saved(moe, 2), 2, recipe) / 4096
         assert kept == pytest.approx(common + k * combine)
+
+
+def test_resnet50_bottleneck_keeps_each_tensor_once_with_in_place_relus():
+    """An identity bottleneck (DeepLearningExamples' and torchvision's, ReLU(inplace=True)) keeps per sample: each
+    convolution's input and each batch norm's input; every ReLU's output is the next convolution's input, and the
+    block's last one the next block's, so the ReLUs add nothing: 2 x (c_in) + 4 x (mid) channels of H x W."""
+    walked = list(walk(load_model("resnet50").root, 1))
+    layers = [layer for layer, count in walked if count == 2][:10]  # conv2_x's two identity blocks, as one
+    c_in, h, w = layers[0].in_shape
+    mid = layers[0].out_shape[0]
+    saved = sum(OPS[layer.op].saved(layer, 2) for layer in layers)
+    assert saved == 2 * (2 * c_in + 4 * mid) * h * w
+    relus = [layer for layer in layers if layer.op == "relu"]
+    assert len(relus) == 3 and all(layer["inplace"] for layer in relus)

@@ -79,6 +79,8 @@ def test_expressions_reject_anything_else(text):
 
 BAD = [
     (GOOD.replace("op: relu", "op: rleu"), "unknown op 'rleu' (did you mean 'relu'?)", 12),
+    (GOOD.replace("op: relu", "op: gelu, inplace: true"), "unknown key 'inplace'", 12),  # only ReLU runs in place
+    (GOOD.replace("op: relu", "op: relu, inplace: 1"), "expected true or false", 12),
     (GOOD.replace("kernel: 3, padding: 1}", "kernel: 3, paddin: 1}", 1), "unknown key 'paddin'", 14),
     (GOOD.replace("repeat: 3", "repeat: 0"), "expected a repeat count", 15),
     (GOOD.replace("out: wide", "out: nope"), "undefined name 'nope'", 17),

@@ -82,6 +82,12 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--memory-format", type=click.Choice(["nhwc", "nchw"]), default="nhwc", show_default=True,
                      help="Activation layout of convolutions: nhwc (PyTorch channels_last) or nchw (PyTorch's "
                           "default), where each tensor-core convolution pays cuDNN's NCHW <-> NHWC transposes."),
+        click.option("--optimizer-impl", type=click.Choice(["fused", "per-tensor"]), default="fused",
+                     show_default=True,
+                     help="How the optimizer step runs: fused (one pass over all parameters) or per-tensor "
+                          "(PyTorch < 2.0's torch.optim loop: a few kernels per parameter tensor, each paying the "
+                          "host; after AMP's GradScaler sync the step waits for the host, dlperf.engine."
+                          "optimizer_loop)."),
         click.option("--data-backend", type=click.Choice(["synthetic", "cpu"]), default="synthetic", show_default=True,
                      help="Where samples come from: synthetic (on the device, no cap) or cpu (a DataLoader of "
                           "--loader-workers processes per training process running --input-ops; caps the step "
@@ -166,7 +172,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         memory_format=opts.get("memory_format") or "nhwc",
         data_backend=opts.get("data_backend") or "synthetic", loader_workers=opts.get("loader_workers") or 0,
         input_ops=_names(opts.get("input_ops")), grad_passes=_names(opts.get("grad_passes")),
-        offload_layers=opts.get("offload_layers") or 0,
+        offload_layers=opts.get("offload_layers") or 0, optimizer_impl=opts.get("optimizer_impl") or "fused",
     )
     if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
         from dlperf.engine.defaults import default_plan

@@ -19,6 +19,7 @@ from dlperf.engine.context import DISPATCHER_SMS, Parallel
 from dlperf.engine.grad_passes import grad_pass_time
 from dlperf.engine.input import input_note, input_wait
 from dlperf.engine.layers import element_bytes, tp_uses
+from dlperf.engine.optimizer_loop import loop_launches, loop_time
 from dlperf.engine.pipeline import (
     balanced_partition,
     dualpipe_bubble,
@@ -46,6 +47,7 @@ Twin = tuple[int, int, int] | None
 # Optimizer update per parameter, memory-bound: bytes read + written and FLOPs (fp32 states).
 # Adam reads/writes weight, m, v (3 x 8 B) and reads the gradient; ~12 FLOPs (two moments, bias-corrected step).
 OPTIMIZER_COST = {"sgd": (12, 2), "momentum": (20, 4), "adam": (28, 12)}
+Loop = tuple[Any, str]  # (kernels per parameter, compute dtype) of a per-tensor optimizer step, (0, "") if fused
 
 
 class Passes(NamedTuple):
@@ -319,7 +321,7 @@ class StepModel:
         bubble = (sum(passes[id(s)].fwd + passes[id(s)].bwd for s in stages) - (t.fwd + t.bwd)) / v
         dp_total, dp_exposed = self._dp_over_stages(plan, stages, slow, dtype, m)
         optimizer = _optimizer_time_split(self.hw, plan, params, max(stages, key=lambda s: s.params).expert_params,
-                                          self._fp8_cast_bytes(params, dtype))
+                                          self._fp8_cast_bytes(params, dtype), (loop_launches(self.model, plan), dtype))
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
         breakdown = {
@@ -379,7 +381,8 @@ class StepModel:
         dp_total, dp_exposed = self._dp_over_stages(twin, own, own[rank], dtype, m / 2, _twin_starts(plan))
         heaviest = max(devices, key=lambda d: d.params)
         optimizer = _optimizer_time_split(self.hw, twin, heaviest.params, heaviest.expert_params,
-                                          self._fp8_cast_bytes(heaviest.params, dtype))
+                                          self._fp8_cast_bytes(heaviest.params, dtype),
+                                          (loop_launches(self.model, plan), dtype))
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
         host = pairs * ((fwd_p - dev_fwd_p) + (bwd_p - dev_bwd_p)) + alone * ((fwd_a - dev_fwd_a) + (bwd_a - dev_bwd_a))
@@ -900,15 +903,16 @@ def _expert_group(plan: Plan) -> Plan:
     return plan.with_(dp=plan.expert_data_parallel, tp=plan.tp * plan.ep, cp=1, ep=1)
 
 
-def _optimizer_time_split(hw: Hardware, plan: Plan, params: Any, expert_params: Any, fp8_cast: Any = 0) -> Any:
+def _optimizer_time_split(hw: Hardware, plan: Plan, params: Any, expert_params: Any, fp8_cast: Any = 0,
+                          loop: Loop = (0.0, "")) -> Any:
     """The update of dense parameters sharded over dp*cp and of expert parameters over edp (ZeRO >= 1); the
-    FP8 weight casts (`fp8_cast` bytes moved) ride with the dense update."""
+    FP8 weight casts (`fp8_cast` bytes moved) ride with the dense update; `loop` as in _optimizer_time."""
     if plan.cp == 1 and mathx.is_zero(expert_params):
-        return _optimizer_time(hw, plan, params, fp8_cast)
-    dense = _optimizer_time(hw, _dense_group(plan), params - expert_params, fp8_cast)
+        return _optimizer_time(hw, plan, params, fp8_cast, loop)
+    dense = _optimizer_time(hw, _dense_group(plan), params - expert_params, fp8_cast, loop)
     if mathx.is_zero(expert_params):
         return dense
-    return dense + _optimizer_time(hw, _expert_group(plan), expert_params)
+    return dense + _optimizer_time(hw, _expert_group(plan), expert_params, loop=loop)
 
 
 def _sync_gap(hw: Hardware) -> Any:
@@ -1011,13 +1015,17 @@ def _dp_with_micro_batches(parts: tuple[Any, Any, Any, Any], m: Any) -> tuple[An
     return total + m * per_micro_total, exposed + m * per_micro_exposed
 
 
-def _optimizer_time(hw: Hardware, plan: Plan, params: Any, fp8_cast: Any = 0) -> float:
+def _optimizer_time(hw: Hardware, plan: Plan, params: Any, fp8_cast: Any = 0, loop: Loop = (0.0, "")) -> float:
     """The update over this device's (shard of the) parameters; under an FP8 recipe, then the cast of the
-    updated weights to their cached FP8 copies (dlperf.ops.fp8), one memory-bound pass per step."""
+    updated weights to their cached FP8 copies (dlperf.ops.fp8), one memory-bound pass per step. `loop` is
+    (kernels per parameter, compute dtype) of a per-tensor step (dlperf.engine.optimizer_loop), which launches
+    those kernels instead of one."""
     nbytes, flops = OPTIMIZER_COST[plan.optimizer]
     shard = plan.data_parallel if plan.zero >= 1 else 1
     bw = hw.device.achieved_memory_bandwidth()
-    update = params / shard * max(nbytes / bw, flops / hw.device.peak("fp32")) + hw.device.launch_latency
+    traffic = params / shard * max(nbytes / bw, flops / hw.device.peak("fp32"))
+    per_param, dtype = loop
+    update = loop_time(hw, per_param * params, traffic, dtype) if per_param else traffic + hw.device.launch_latency
     resident = plan.data_parallel if plan.zero >= 3 else 1  # ZeRO-3 keeps (and casts) a shard of the weights
     cast = fp8_cast / resident / bw + hw.device.launch_latency if fp8_cast else 0.0
     return update + cast

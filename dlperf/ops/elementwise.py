@@ -28,14 +28,22 @@ def _activation_saved(layer: Layer, e: int) -> Any:
     fused_bias_swiglu.py @d98e8a64, line 235: ctx.save_for_backward(input)) keeps only its input [gate; up]
     and recomputes the activation in backward. The multiply merge after it keeps both its factors (the
     activation's output and the up half): they stand for that input, the gate half in the place of the
-    activation's output of the same size, so the activation adds nothing of its own."""
-    return 0 if layer["fused_glu"] else e * numel(layer.in_shape)
+    activation's output of the same size, so the activation adds nothing of its own.
+
+    An `inplace` ReLU (PyTorch nn.ReLU(inplace=True), as torchvision's and DeepLearningExamples' ResNets use)
+    overwrites its input, and its backward reads its output (pytorch/pytorch tools/autograd/derivatives.yaml,
+    relu: `threshold_backward(grad, result, 0)`): that output is the very tensor the next layer keeps as its
+    input (a convolution, pooling or linear layer saves its input), so it is counted there, not a second time."""
+    if layer["fused_glu"] or layer.get("inplace", False):
+        return 0
+    return e * numel(layer.in_shape)
 
 
 def _activation(op: str) -> OpRule:
     fwd, bwd = ACTIVATION_FLOPS[op]
+    # only ReLU may run in place: the others' backward reads their input, which an in-place op would destroy
     return OpRule(
-        attrs={"fused_glu": False},
+        attrs={"fused_glu": False, **({"inplace": False} if op == "relu" else {})},
         shape=lambda s, a: s,
         kernels=lambda layer, b, e: (elementwise_kernel(op, _n(layer, b), e, fwd, bwd,
                                                         cls="transcendental" if op in TRANSCENDENTAL else "memory"),),
