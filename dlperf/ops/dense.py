@@ -370,18 +370,29 @@ WINDOW_TILE = 128
 # 0.04 over a training pass and 0.05 per pass. Dao 2023's "around 1.7-1.8x" (section 3.1.1) is this form at
 # 2.5k-4k keys.
 CAUSAL_BLOCK_COST = 2.96
+# FlashAttention in Triton (Dao-AILab/flash-attention flash_attn/flash_attn_triton.py @f1a73d07, the kernel
+# llm-foundry's attn_impl triton copies) also visits n(n+1)/2 blocks (end_n = (start_m + 1) * BLOCK_M forward,
+# begin_m from start_n backward, BLOCK_M = BLOCK_N = 128) but masks every block it visits, not only the diagonal
+# ones ("if IS_CAUSAL: qk += tl.where(...)" inside both block loops), so each visited block costs 1 + m iterations:
+# f(s) = (c + (1 + m)(n + 1) / 2) / (c + n), tending to (1 + m) / 2, not 1/2. (c, m) fitted the same way to the
+# A100 figure's two FlashAttention Triton panels (head dim 64 and 128, 512-16k; flash-causal-speed.csv): c = 0.14,
+# m = 0.216; f = 0.77 at 512, 0.63 at 4k, 0.61 at 16k, every point within 0.029. Measured on A100 only; carried
+# over to H100, where the pre-Hopper Triton compiler runs the same code (TRITON_SLOWDOWN).
+TRITON_CAUSAL = (0.14, 0.216)
 
 
-def causal_fraction(keys: Any) -> Any:
+def causal_fraction(keys: Any, triton: bool = False) -> Any:
     """A causal fused-attention kernel's time over `keys` keys as a fraction of the no-mask kernel's (the block
-    count above); a number, sympy expression or array, as `keys` is."""
+    count above; `triton`: FlashAttention in Triton, which masks every block); a number, sympy expression or
+    array, as `keys` is. Capped at 1: causal attention is never slower than the whole matrix."""
+    c, m = TRITON_CAUSAL if triton else (CAUSAL_BLOCK_COST, 0.0)
     n = keys / WINDOW_TILE
-    return mathx.minimum((CAUSAL_BLOCK_COST + (n + 1) / 2) / (CAUSAL_BLOCK_COST + n), 1)
+    return mathx.minimum((c + (1 + m) * (n + 1) / 2) / (c + n), 1)
 
 
-def causal_speedup(keys: Any) -> Any:
+def causal_speedup(keys: Any, triton: bool = False) -> Any:
     """Full score work over the work a causal fused kernel over `keys` keys executes: 1 / causal_fraction."""
-    return 1 / causal_fraction(keys)
+    return 1 / causal_fraction(keys, triton)
 
 
 def _window_binds(window: Any, skv: Any) -> bool:
@@ -401,7 +412,7 @@ def _flash_skip(layer: Layer) -> tuple[Any, Any, Any]:
     attention, i.e. twice the pairs attended): 2(w*s - w(w-1)/2) of the s x s_kv matrix, capped at all of it, so
     that a window as long as the sequence is plain causal attention, in work and in model FLOPs."""
     s, skv, window = layer.in_shape[-2], layer["kv_seq"] or layer.in_shape[-2], layer["window"]
-    causal = causal_speedup(skv) if layer["causal"] and layer["kv_seq"] == s else 1
+    causal = causal_speedup(skv, bool(layer["triton"])) if layer["causal"] and layer["kv_seq"] == s else 1
     if window is None or not _window_binds(window, skv):
         return causal, causal, skv
     keys = window + WINDOW_TILE
