@@ -16,6 +16,7 @@ from dlperf.engine.context import core_shares
 from dlperf.engine.step import StepModel
 from dlperf.errors import PlanError
 from dlperf.ops import OPS
+from dlperf.ops.dense import causal_speedup
 from dlperf.ops.moe import activated_params, dispatch_elements
 from dlperf.plan import Plan
 from dlperf.spec.hardware import load_hardware
@@ -584,24 +585,23 @@ def _deepseek_attention(seq: int):
 
 def test_mla_core_is_a_causal_fused_attention_kernel():
     """MLA's core runs as every causal fused-attention kernel does (ops/dense.py _flash_kernel): on the device's
-    fused-attention curve, executing the score work over CAUSAL_SPEEDUP plus the QK^T its backward recomputes,
+    fused-attention curve, executing the score work over causal_speedup(s) plus the QK^T its backward recomputes,
     while its model FLOPs stay the whole s x s matrix's (MFU's convention)."""
-    from dlperf.ops.dense import CAUSAL_SPEEDUP
-
     mla, core = _deepseek_attention(4096)
     scores = mla["heads"] * 4096 ** 2
     qd, vd = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"], mla["v_head_dim"]
     assert core.cls == "attention_fa3"
     assert core.cost.fwd_flops * core.model_work_scale == pytest.approx(2 * scores * (qd + vd) + 5 * scores)
-    assert core.model_work_scale == CAUSAL_SPEEDUP
-    assert core.bwd_recompute_flops * CAUSAL_SPEEDUP == pytest.approx(2 * scores * qd)
+    assert core.model_work_scale == pytest.approx(causal_speedup(4096))
+    assert core.bwd_recompute_flops * causal_speedup(4096) == pytest.approx(2 * scores * qd)
 
 
 def test_mla_core_without_the_causal_mask_runs_the_whole_matrix():
     from dlperf.ops.moe import _mla_core
 
     causal, full = _mla_core(1, 4096, 128, 192, 128, 2), _mla_core(1, 4096, 128, 192, 128, 2, causal=False)
-    assert full.model_work_scale == 1 and full.cost.fwd_flops == pytest.approx(causal.cost.fwd_flops * 1.75)
+    assert full.model_work_scale == 1
+    assert full.cost.fwd_flops == pytest.approx(causal.cost.fwd_flops * causal_speedup(4096))
     assert full.cost.fwd_flops * full.model_work_scale == pytest.approx(causal.cost.fwd_flops * causal.model_work_scale)
 
 
@@ -656,7 +656,7 @@ def test_sliding_window_executes_window_plus_one_tile_of_keys():
     s, heads, hd = 4096, 8, 64
     score_work = (4 * hd + 5) * s * s * heads  # QK^T and AV (2 FLOPs per multiply-add), softmax's 5 per score
     assert windowed.cost.fwd_flops == pytest.approx(score_work * 256 / s, rel=1e-6)
-    assert full.cost.fwd_flops == pytest.approx(score_work / 1.75, rel=1e-6)
+    assert full.cost.fwd_flops == pytest.approx(score_work / causal_speedup(s), rel=1e-6)
     pairs = 128 * s - 128 * 127 / 2
     model_work = windowed.cost.fwd_flops * windowed.model_work_scale
     assert model_work == pytest.approx(score_work * 2 * pairs / (s * s), rel=1e-6)  # the causal convention

@@ -304,7 +304,6 @@ def _whole(value: Any) -> bool:
         return False
 
 
-CAUSAL_SPEEDUP = 1.75  # "around 1.7-1.8x" faster with the causal mask (Dao 2023, section 3.1.1): the midpoint
 # FlashAttention in Triton (Tri Dao's flash_attn_triton.py on Phil Tillet's Triton kernel) against FlashAttention-2,
 # measured on an A100 80GB SXM4 over seqlen 512-16k, head dim 64/128, with and without the causal mask:
 # "FlashAttention-2 is around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and around 2x faster
@@ -321,10 +320,11 @@ def _flash_kernel(layer: Layer, core: Cost, qkv_bytes: Any, out_bytes: Any, reco
     attention matmul FLOPs (Dao 2023, section 4.1), of which the recomputed QK^T is not model work.
 
     With a causal mask the kernel skips the blocks above the diagonal, which "leads to around 1.7-1.8x speedup
-    compared to attention without the causal mask" (Dao 2023, section 3.1.1): the kernel's executed work is the
-    full score work over CAUSAL_SPEEDUP, timed at the non-causal efficiency the papers tabulate, while its model
-    FLOPs stay those of the whole matrix, the convention of MFU figures (Dao 2023 section 4.2 follows
-    Megatron-LM "without dividing the attention FLOPs by 2"; `model_work_scale`).
+    compared to attention without the causal mask" (Dao 2023, section 3.1.1) at long sequences and less at short
+    ones: the kernel's executed work is the full score work times causal_fraction(key length), timed at the
+    non-causal efficiency the papers tabulate, while its model FLOPs stay those of the whole matrix, the
+    convention of MFU figures (Dao 2023 section 4.2 follows Megatron-LM "without dividing the attention FLOPs by
+    2"; `model_work_scale`).
 
     `flash_version` picks the kernel generation and with it the device curve:
     2 = FlashAttention-2 (the flash-attn 2 package, PyTorch SDPA's flash backend), class `attention`;
@@ -350,6 +350,50 @@ def _flash_kernel(layer: Layer, core: Cost, qkv_bytes: Any, out_bytes: Any, reco
 # query row costs `window + WINDOW_TILE` keys (flash-attn's window_size=(w, 0), local attention since v2.3).
 WINDOW_TILE = 128
 
+# Causal masking. On A100 and H100, FlashAttention-2 tiles the score matrix in blocks of 128 queries forward and
+# 128 keys backward at head dims 64 and 128 (Dao-AILab/flash-attention @0251105a, csrc/flash_attn/src/
+# flash_fwd_launch_template.h run_mha_fwd_hdim64/128: Flash_fwd_kernel_traits<Headdim, 128, ...>;
+# flash_bwd_launch_template.h run_mha_bwd_hdim64/128 with 144 KB of shared memory: kBlockN 128), and skips the
+# blocks above the diagonal: with n = s / 128 blocks a side it runs n(n+1)/2 of the n^2 blocks, the diagonal ones
+# computed and masked. Each query block also pays a cost the mask does not shrink (loading Q, rescaling and
+# writing O, masking its diagonal block), worth c = CAUSAL_BLOCK_COST key-block iterations, so the causal kernel
+# takes f(s) = (c + (n + 1) / 2) / (c + n) of the no-mask kernel's time: 1 for one tile, tending to 1/2.
+# c is fitted (least squares on log f; tests/test_flash_causal.py refits it) to the causal / no-mask time ratios
+# of the ten head-dim 64 and 128 panels of dlperf/data/kernels/flash-causal-speed.csv, 512-16k tokens:
+# FlashAttention-2 forward + backward on A100 and H100 (Dao 2023, arXiv:2307.08691, section 4.1 figures), and
+# FlashAttention-2, FlashAttention-3 and cuDNN forward on H100 (Shah et al. 2024, arXiv:2407.08608, section 4.1).
+# f = 0.78 at 512, 0.60 at 2k, 0.53 at 8k, 0.515 at 16k; all 60 points within 0.061, the 36 FlashAttention-2
+# points within 0.04. The measured ratios sit ~0.017 above the form at 8k-16k (the causal kernel's CTAs are of
+# unequal length, which leaves a tail the block count does not see). One form for both passes and every device
+# and kernel: the A100 and H100 FlashAttention-2 panels agree within 0.025 at every length, and NVIDIA's GB200
+# and GB300 cuDNN tables (dlperf/data/kernels/cudnn-gb*-sdpa-bf16.csv, 2k-32k, held out of the fit) lie within
+# 0.04 over a training pass and 0.05 per pass. Dao 2023's "around 1.7-1.8x" (section 3.1.1) is this form at
+# 2.5k-4k keys.
+CAUSAL_BLOCK_COST = 2.96
+# FlashAttention in Triton (Dao-AILab/flash-attention flash_attn/flash_attn_triton.py @f1a73d07, the kernel
+# llm-foundry's attn_impl triton copies) also visits n(n+1)/2 blocks (end_n = (start_m + 1) * BLOCK_M forward,
+# begin_m from start_n backward, BLOCK_M = BLOCK_N = 128) but masks every block it visits, not only the diagonal
+# ones ("if IS_CAUSAL: qk += tl.where(...)" inside both block loops), so each visited block costs 1 + m iterations:
+# f(s) = (c + (1 + m)(n + 1) / 2) / (c + n), tending to (1 + m) / 2, not 1/2. (c, m) fitted the same way to the
+# A100 figure's two FlashAttention Triton panels (head dim 64 and 128, 512-16k; flash-causal-speed.csv): c = 0.14,
+# m = 0.216; f = 0.77 at 512, 0.63 at 4k, 0.61 at 16k, every point within 0.029. Measured on A100 only; carried
+# over to H100, where the pre-Hopper Triton compiler runs the same code (TRITON_SLOWDOWN).
+TRITON_CAUSAL = (0.14, 0.216)
+
+
+def causal_fraction(keys: Any, triton: bool = False) -> Any:
+    """A causal fused-attention kernel's time over `keys` keys as a fraction of the no-mask kernel's (the block
+    count above; `triton`: FlashAttention in Triton, which masks every block); a number, sympy expression or
+    array, as `keys` is. Capped at 1: causal attention is never slower than the whole matrix."""
+    c, m = TRITON_CAUSAL if triton else (CAUSAL_BLOCK_COST, 0.0)
+    n = keys / WINDOW_TILE
+    return mathx.minimum((c + (1 + m) * (n + 1) / 2) / (c + n), 1)
+
+
+def causal_speedup(keys: Any, triton: bool = False) -> Any:
+    """Full score work over the work a causal fused kernel over `keys` keys executes: 1 / causal_fraction."""
+    return 1 / causal_fraction(keys, triton)
+
 
 def _window_binds(window: Any, skv: Any) -> bool:
     """Whether a sliding window leaves the kernel fewer keys than the whole sequence (assumed when the sequence
@@ -362,13 +406,13 @@ def _window_binds(window: Any, skv: Any) -> bool:
 
 def _flash_skip(layer: Layer) -> tuple[Any, Any, Any]:
     """(full score work / executed work, model work / executed work, key length the kernel loops over) of a
-    fused attention kernel: causal masking skips the blocks above the diagonal (CAUSAL_SPEEDUP); a causal sliding
+    fused attention kernel: causal masking skips the blocks above the diagonal (causal_speedup); a causal sliding
     window of w keys (Beltagy et al. 2020; Mistral 7B; gpt-oss) leaves w + WINDOW_TILE keys per query, never more
     than the causal kernel's share. Its model work follows the causal convention (the whole matrix for causal
     attention, i.e. twice the pairs attended): 2(w*s - w(w-1)/2) of the s x s_kv matrix, capped at all of it, so
     that a window as long as the sequence is plain causal attention, in work and in model FLOPs."""
     s, skv, window = layer.in_shape[-2], layer["kv_seq"] or layer.in_shape[-2], layer["window"]
-    causal = CAUSAL_SPEEDUP if layer["causal"] and layer["kv_seq"] == s else 1
+    causal = causal_speedup(skv, bool(layer["triton"])) if layer["causal"] and layer["kv_seq"] == s else 1
     if window is None or not _window_binds(window, skv):
         return causal, causal, skv
     keys = window + WINDOW_TILE

@@ -21,7 +21,7 @@ from typing import Any
 from dlperf.cost import Cost
 from dlperf.errors import ShapeError
 from dlperf.ops.base import REQUIRED, Kernel, Layer, OpRule, clog2, elementwise_kernel, need_rank, numel
-from dlperf.ops.dense import CAUSAL_SPEEDUP, gemm
+from dlperf.ops.dense import causal_speedup, gemm
 
 ROUTER_DTYPE = "fp32"
 ROUTER_BYTES = 4
@@ -342,13 +342,14 @@ def _mla_core(batch: Any, s: Any, h: Any, qd: int, vd: int, e: int, causal: bool
     """The fused core, as DeepSeek and Megatron-Core train MLA (Transformer Engine's cuDNN fused attention takes
     d_qk 192 with d_vo 128, cuDNN's support matrix): QK^T over qd, softmax, AV over vd; backward twice each GEMM
     plus the QK^T it recomputes, as FlashAttention's (ops/dense.py _flash_kernel). Traffic: Q, K, V, O forward;
-    Q, K, V read and their gradients written. The causal mask skips the blocks above the diagonal
-    (CAUSAL_SPEEDUP, as for every causal fused kernel) while the model FLOPs stay the whole matrix's, and the
-    kernel runs on the device's fused-attention curve, not the GEMM's: NVIDIA's cudnn-frontend SDPA benchmark
-    on GB200 (results/gb200_919_only_cudnn/dsv3_20260226_174854.csv @afa9f7c0, cuDNN 9.19.1) times DeepSeek-V3's
-    causal shape (128 heads, d_qk 192, d_vo 128) within 1-5% of Llama 3.1's causal rows over a training pass at
-    4k-16k. `seq` carries the key length to the curve's sequence term, as for the dense flash kernel."""
-    skip = CAUSAL_SPEEDUP if causal else 1
+    Q, K, V read and their gradients written. The causal mask skips the blocks above the diagonal (dense.py
+    causal_speedup of the key length, as for every causal fused kernel) while the model FLOPs stay the whole
+    matrix's, and the kernel runs on the device's fused-attention curve, not the GEMM's: NVIDIA's cudnn-frontend
+    SDPA benchmark on GB200 (results/gb200_919_only_cudnn/dsv3_20260226_174854.csv @afa9f7c0, cuDNN 9.19.1)
+    times DeepSeek-V3's causal shape (128 heads, d_qk 192, d_vo 128) within 1-5% of Llama 3.1's causal rows over
+    a training pass at 4k-16k. `seq` carries the key length to the curve's sequence term, as for the dense flash
+    kernel."""
+    skip = causal_speedup(s) if causal else 1
     scores = batch * h * s * s
     q_bytes, v_bytes = e * batch * s * h * qd, e * batch * s * h * vd
     core = Cost(fwd_flops=(2 * scores * qd + 2 * scores * vd + 5 * scores) / skip,
