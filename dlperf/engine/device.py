@@ -126,10 +126,12 @@ def _grouped_quantization(groups: Any, batch: Any, shape: tuple[Any, Any, Any], 
     (dlperf.ops.moe.grouped_gemm); `q(b, shape)` is the factor of b concurrent GEMMs. Full rounds of `batch`,
     then one round of the rest, which fills fewer SMs: the FLOP-weighted mean over the rounds, so five GEMMs on
     four streams cost a round of four and a round of one, not one and a quarter rounds of four. Never below the
-    factor of the one GEMM that does all groups' rows (the same FLOPs): cutting it into per-expert pieces only
-    adds partial tiles and waves, and where the engine's one tile shape and power-of-two split-K make a piece-wise
-    schedule look better, that is the menu's limit, which a library choosing among many tiles and splits (cuBLAS)
-    does not have. Anything else (one GEMM, a batched GEMM, a symbolic count) is one round of `batch`."""
+    factor of the one GEMM that does all groups' rows (the same FLOPs): forward and data gradient, cutting its rows
+    into per-expert pieces only adds partial tiles and waves; weight gradient, the pieces are that GEMM split along
+    its reduction by expert, one split among those its best split-K stands for. Where the engine's one tile shape
+    and power-of-two splits (SPLITS) make a piece-wise schedule look better, that is the menu's limit, not the
+    library's (cuBLAS chooses among many tiles and splits). Anything else (one GEMM, a batched GEMM, a symbolic
+    count) is one round of `batch`."""
     if not (isinstance(groups, int) and isinstance(batch, int) and groups > 1):
         return q(batch, shape)
     full, rest = divmod(groups, batch)
