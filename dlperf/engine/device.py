@@ -109,14 +109,35 @@ def gemm_quantization(kernel: Kernel, device: Device, dtype: str, divisor: Any, 
     if divisor != 1 and tp_dim is not None:
         b, n, k = (b / divisor if tp_dim == "batch" else b, n / divisor if tp_dim == "n" else n,
                    k / divisor if tp_dim == "k" else k)
-    def q(rows: Any, cols: Any, inner: Any) -> Any:
-        return wave_quantization(b, rows, cols, inner, device.sms, eff.tile, eff.tile_overhead_k)
+    def q(rows: Any, cols: Any, inner: Any, m_at: int = 0) -> Any:
+        return _grouped_quantization(kernel.weight_groups, b, (rows, cols, inner), m_at, lambda batch, shape: (
+            wave_quantization(batch, *shape, device.sms, eff.tile, eff.tile_overhead_k)))
 
     c = kernel.cost
     data, weight = c.bwd_data_flops, c.bwd_weight_flops
     if mathx.is_zero(weight):  # batched attention GEMMs: both backward GEMMs are 'data' gradients
         return q(m, n, k), (q(m, k, n) + q(k, n, m)) / 2
-    return q(m, n, k), (data * q(m, k, n) + weight * q(k, n, m)) / (data + weight)
+    return q(m, n, k), (data * q(m, k, n) + weight * q(k, n, m, m_at=2)) / (data + weight)
+
+
+def _grouped_quantization(groups: Any, batch: Any, shape: tuple[Any, Any, Any], m_at: int, q: Any) -> Any:
+    """Quantization of `groups` GEMMs of `shape` (rows, cols, inner; the rows each group owns at index `m_at`)
+    run `batch` at a time, as a grouped expert GEMM runs on Transformer Engine's streams
+    (dlperf.ops.moe.grouped_gemm); `q(b, shape)` is the factor of b concurrent GEMMs. Full rounds of `batch`,
+    then one round of the rest, which fills fewer SMs: the FLOP-weighted mean over the rounds, so five GEMMs on
+    four streams cost a round of four and a round of one, not one and a quarter rounds of four. Never below the
+    factor of the one GEMM that does all groups' rows (the same FLOPs): forward and data gradient, cutting its rows
+    into per-expert pieces only adds partial tiles and waves; weight gradient, the pieces are that GEMM split along
+    its reduction by expert, one split among those its best split-K stands for. Where the engine's one tile shape
+    and power-of-two splits (SPLITS) make a piece-wise schedule look better, that is the menu's limit, not the
+    library's (cuBLAS chooses among many tiles and splits). Anything else (one GEMM, a batched GEMM, a symbolic
+    count) is one round of `batch`."""
+    if not (isinstance(groups, int) and isinstance(batch, int) and groups > 1):
+        return q(batch, shape)
+    full, rest = divmod(groups, batch)
+    rounds = q(batch, shape) if rest == 0 else (full * batch * q(batch, shape) + rest * q(rest, shape)) / groups
+    merged = tuple(x * groups if i == m_at else x for i, x in enumerate(shape))
+    return mathx.maximum(rounds, q(1, merged))
 
 
 def compute_stretch(kernel: Kernel, device: Device, dtype: str, divisor: Any, tp_dim: str | None) -> tuple[Any, Any]:

@@ -49,6 +49,12 @@ def _shared_width(layer: Layer) -> Any:
 # detail::get_compute_stream(i % num_streams)" in multi_stream_cublas_gemm, transformer_engine/common/gemm/
 # cublaslt_gemm.cu, with "num_compute_streams = 4" in transformer_engine/common/util/multi_stream.cpp
 # (NVIDIA/TransformerEngine @d0067d0d; the CUTLASS grouped kernel is opt-in, NVTE_USE_CUTLASS_GROUPED_GEMM).
+# The same path in every TE the Megatron-Bridge rows ran: release_v2.9 (@97ad8cc6f's pin), 2.14 @f031cf87
+# (@74695a06d's) and 2.16 @f8a01cd5 (@63b08b397's) reach it through te_general_grouped_gemm ->
+# nvte_multi_tensor_gemm, whose CUTLASS branch needs Hopper and the variable, which Megatron-Bridge's scripts and
+# sources never set. A bias rides in each GEMM's cuBLAS epilogue (forward bias, and in 16-bit the bias gradient
+# with the weight gradient: _GroupedLinear.backward "Grad bias is fused with wgrad GEMM"), no extra kernel.
+# Checked against TE's own benchmark of this path (tests/test_moe.py TE_GROUPED_GEMM_H100).
 TE_GEMM_STREAMS = 4
 
 
