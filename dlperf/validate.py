@@ -81,7 +81,7 @@ PLAN_FIELDS = {f.name: f for f in fields(Plan)}
 _BOOL_FIELDS = ("sequence_parallel", "overlap", "hybrid_fc", "tp_overlap", "fp8_param_gather", "ep_overlap",
                 "fp8_activations")
 _STR_FIELDS = ("schedule", "recompute", "compression", "consistency", "dtype", "optimizer", "grad_dtype",
-               "cp_algorithm", "zero_impl", "ep_dispatcher", "memory_format", "data_backend")
+               "cp_algorithm", "zero_impl", "dp_impl", "ep_dispatcher", "memory_format", "data_backend")
 _NAME_LIST_FIELDS = ("recompute_modules", "input_ops", "grad_passes")
 _FLOAT_FIELDS = ("moe_imbalance",)
 
