@@ -33,6 +33,11 @@ FP8_SCALINGS = ("delayed", "current")  # the fp8 recipe's scales: from an amax h
 # prefetch (PyTorch FSDP, the default); "deepspeed-0.3", DeepSpeed v0.3.12-v0.4.0's stage 3 (per-tensor gathers
 # through list collectives, device-wide synchronisation, bucketed gradient allreduce).
 ZERO_IMPLS = ("fsdp", "deepspeed-0.3")
+# Who runs the data-parallel gradient allreduce (dlperf.engine.horovod): "nccl", the framework calling NCCL itself
+# (PyTorch DDP's buckets, Megatron-LM); "horovod-0.19", Horovod v0.18-v0.20's background thread (5 ms negotiation
+# cycle, 64 MiB fusion buffer, TensorFlow frontend's compression casts and averaging), as NVIDIA's TensorFlow 1
+# examples ran it.
+DP_IMPLS = ("nccl", "horovod-0.19")
 # Activation layout of convolutional networks: "nhwc" (PyTorch channels_last, TensorFlow's default, what cuDNN's
 # tensor-core convolutions read and write) or "nchw" (PyTorch's default contiguous format), in which every
 # tensor-core convolution pays cuDNN's NCHW <-> NHWC transposes (dlperf.ops.conv.layout_transpose_kernel).
@@ -89,6 +94,7 @@ class Plan:
     moe_imbalance: float | None = None   # busiest expert rank's tokens / mean (None: MOE_IMBALANCE)
     ep_overlap: bool = False             # dispatch/combine hidden behind an adjacent micro-batch (combined 1F1B)
     zero_impl: str = "fsdp"              # which ZeRO-3 implementation runs (ZERO_IMPLS)
+    dp_impl: str = "nccl"                # who runs the data-parallel gradient allreduce (DP_IMPLS)
     recompute_modules: tuple[str, ...] = ()  # layer parts recomputed in backward (RECOMPUTE_MODULES)
     fp8_activations: bool = False        # Linear inputs inside MLA/MoE cached in FP8 (DeepSeek-V3 Sec. 3.3.3)
     ep_dispatcher: str = "alltoall"      # how expert tokens travel (EP_DISPATCHERS)
@@ -190,6 +196,7 @@ def _check_knobs(plan: Plan) -> None:
         # priced for a flat data-parallel group only (dlperf.engine.zero_impl counts one stage's tensors, dp ranks)
         raise PlanError("zero_impl deepspeed-0.3 runs without pipeline, context or expert parallelism",
                         expected="pp = cp = ep = 1", found=f"pp={plan.pp} cp={plan.cp} ep={plan.ep}")
+    _check_dp_impl(plan)
     _check_activation_knobs(plan)
     _check_offload(plan)
     _check_input(plan)
@@ -199,6 +206,26 @@ def _check_knobs(plan: Plan) -> None:
                               or not 1 <= value <= 1000):  # also refuses NaN and infinity
         raise PlanError("moe_imbalance", expected="a number from 1 to 1000 (busiest rank's tokens / mean)",
                         found=value)
+
+
+def _check_dp_impl(plan: Plan) -> None:
+    """Horovod is priced for what its TensorFlow frontend offers: an allreduce of whole gradients (no ZeRO, no
+    parameter server) with Compression.none or Compression.fp16, over a flat data-parallel group."""
+    from dlperf.comm.compression import parse_compression
+    from dlperf.engine.horovod import SCHEMES
+
+    _choice("dp_impl", plan.dp_impl, DP_IMPLS)
+    if plan.dp_impl == "nccl":
+        return
+    if plan.zero or plan.parameter_server:
+        raise PlanError(f"dp_impl {plan.dp_impl} allreduces whole gradients", expected="zero 0, parameter_server 0",
+                        found=f"zero {plan.zero}, parameter_server {plan.parameter_server}")
+    if parse_compression(plan.compression) not in [parse_compression(name) for name in SCHEMES]:
+        raise PlanError(f"dp_impl {plan.dp_impl} compresses with Compression.none or Compression.fp16",
+                        expected="compression " + " or ".join(SCHEMES), found=plan.compression)
+    if plan.cp > 1 or plan.ep > 1:
+        raise PlanError(f"dp_impl {plan.dp_impl} is priced for a flat data-parallel group",
+                        expected="cp = ep = 1", found=f"cp={plan.cp} ep={plan.ep}")
 
 
 def _check_activation_knobs(plan: Plan) -> None:

@@ -88,8 +88,8 @@ PLAN_FIELDS = {f.name: f for f in fields(Plan)}
 _BOOL_FIELDS = ("sequence_parallel", "overlap", "hybrid_fc", "tp_overlap", "fp8_param_gather", "ep_overlap",
                 "fp8_activations")
 _STR_FIELDS = ("schedule", "recompute", "compression", "consistency", "dtype", "optimizer", "grad_dtype",
-               "cp_algorithm", "zero_impl", "ep_dispatcher", "memory_format", "data_backend", "fp8_scaling",
-               "optimizer_impl")
+               "cp_algorithm", "zero_impl", "dp_impl", "ep_dispatcher", "memory_format", "data_backend",
+               "fp8_scaling", "optimizer_impl")
 _NAME_LIST_FIELDS = ("recompute_modules", "input_ops", "grad_passes")
 _FLOAT_FIELDS = ("moe_imbalance",)
 

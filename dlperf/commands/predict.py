@@ -17,7 +17,7 @@ from dlperf.commands.common import (
     set_option,
     wrote,
 )
-from dlperf.plan import DTYPES, EP_DISPATCHERS, FP8_SCALINGS, GRAD_DTYPES
+from dlperf.plan import DP_IMPLS, DTYPES, EP_DISPATCHERS, FP8_SCALINGS, GRAD_DTYPES
 from dlperf.report import render, to_json
 
 DTYPE_CHOICES = click.Choice(DTYPES)
@@ -43,6 +43,10 @@ def plan_options(fn: Callable) -> Callable:
                      show_default=True,
                      help="How ZeRO-3 runs: FSDP-style per-block gathers with prefetch, or DeepSpeed v0.3's "
                           "stage 3 (per-tensor list gathers, device-wide syncs, bucketed allreduce)."),
+        click.option("--dp-impl", type=click.Choice(list(DP_IMPLS)), default="nccl", show_default=True,
+                     help="Who runs the data-parallel gradient allreduce: the framework calling NCCL (DDP, "
+                          "Megatron-LM) or Horovod v0.18-v0.20's background thread (5 ms negotiation cycle, 64 MiB "
+                          "fusion buffers, TensorFlow-side casts and averaging; dlperf.engine.horovod)."),
         click.option("--ep", type=POSITIVE, default=1, show_default=True,
                      help="Expert-parallel degree: MoE experts sharded over this many ranks of the data-parallel "
                           "group."),
@@ -166,7 +170,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         dtype=opts.get("dtype"), grad_dtype=opts.get("grad_dtype"),
         ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
         moe_imbalance=opts.get("moe_imbalance"), ep_overlap=opts.get("ep_overlap", False),
-        zero_impl=opts.get("zero_impl") or "fsdp",
+        zero_impl=opts.get("zero_impl") or "fsdp", dp_impl=opts.get("dp_impl") or "nccl",
         recompute_modules=_names(opts.get("recompute_modules")),
         fp8_activations=opts.get("fp8_activations", False), ep_dispatcher=opts.get("ep_dispatcher") or "alltoall",
         memory_format=opts.get("memory_format") or "nhwc",

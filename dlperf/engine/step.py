@@ -13,8 +13,8 @@ from typing import Any, NamedTuple
 
 from dlperf import mathx
 from dlperf.comm import ep_kernels
+from dlperf.engine import horovod, offload, zero_impl
 from dlperf.engine import memory as mem
-from dlperf.engine import offload, zero_impl
 from dlperf.engine.context import DISPATCHER_SMS, Parallel
 from dlperf.engine.grad_passes import grad_pass_time
 from dlperf.engine.input import input_note, input_wait
@@ -490,7 +490,7 @@ class StepModel:
     def _dp_time(self, plan: Plan, slow: StageCost, dtype: str, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
         key = (id(slow), plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
                plan.parameter_server, plan.compression, plan.grad_dtype, dtype, plan.fp8_param_gather, plan.cp,
-               plan.ep, plan.zero_impl, twin)
+               plan.ep, plan.zero_impl, plan.dp_impl, twin)
         if key not in self._dp:
             if plan.zero == 3 and plan.zero_impl == "deepspeed-0.3":
                 self._dp[key] = _deepspeed_zero3(self.hw, plan, slow, dtype, self.comm,
@@ -761,7 +761,8 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     its forward and its backward pass, for every micro-batch (Rajbhandari et al. 2020, sections 5 and 7), one
     gather unit (a repeated block) at a time: see `_zero3_per_micro`. Megatron-LM issues the reduction after the
     pipeline flush, so with pp > 1 it is exposed unless overlap is forced. The survey's sharded parameter server
-    and compressed allreduce replace the allreduce when the plan asks for them.
+    and compressed allreduce replace the allreduce when the plan asks for them; so does Horovod's background thread
+    (plan.dp_impl, dlperf.engine.horovod: its negotiation cycle, fusion buffers and TensorFlow-side casts).
 
     Reductions move gradients in the plan's grad_dtype; gathers move weights in the compute dtype's storage type
     whatever the gradients' (FSDP's MixedPrecision: param_dtype for all-gathers, reduce_dtype for
@@ -786,6 +787,13 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
         exposed = max(t - window, min(floor, t))
         return exposed + stolen * (t - exposed)
 
+    if plan.dp_impl == "horovod-0.19":
+        # overlapped, what is exposed is at least the last fusion buffer (and the cycle it waits for)
+        g = element_bytes(_grad_dtype(plan, dtype))
+        total = horovod.allreduce_time(comm, hw, group, params, g, plan.compression)
+        buffer = mathx.minimum(params, horovod.buffer_params(g, plan.compression))
+        last = horovod.allreduce_time(comm, hw, group, buffer, g, plan.compression)
+        return total, hidden_behind(total, window, last), 0.0, 0.0
     last_bucket = comm.collective_time("allreduce", min(DDP_BUCKET_BYTES, grad_bytes), group, hw)
     if plan.parameter_server:
         total = comm.collective_time("allreduce", grad_bytes, group, hw, f"ps:{plan.parameter_server}")
