@@ -23,10 +23,11 @@ from dlperf.spec.model import load_model
 SMALL_MPT = {"layers": 2, "hidden": 1024, "heads": 8, "seq": 2048}
 
 
-def flash_layer(triton: bool, s: int = 8192, heads: int = 16, hd: int = 128) -> Layer:
+def flash_layer(triton: bool, s: int = 8192, heads: int = 16, hd: int = 128, unpad: bool = False,
+                kv_heads: int | None = None) -> Layer:
     rule = OPS["attention"]
-    attrs = {**rule.attrs, "heads": heads, "head_dim": hd, "kv_heads": heads, "kv_seq": s, "out": heads * hd,
-             "causal": True, "flash": True, "bias": False, "triton": triton}
+    attrs = {**rule.attrs, "heads": heads, "head_dim": hd, "kv_heads": kv_heads or heads, "kv_seq": s,
+             "out": heads * hd, "causal": True, "flash": True, "bias": False, "triton": triton, "unpad": unpad}
     return Layer("attention", tuple(sorted(attrs.items())), (s, heads * hd), (s, heads * hd), "attn",
                  rule.params((s, heads * hd), attrs))
 
@@ -72,14 +73,109 @@ def test_triton_attention_needs_a_fused_kernel() -> None:
         _attention_check((1024, 1024), attrs)
 
 
-def test_mpt_triton_switch_slows_only_attention() -> None:
+def padded_mpt(tmp_path) -> str:
+    """models/mpt.yaml without its `unpad` declaration: the flash-attn kernel called on the padded batch."""
+    from dlperf.builtins import data_dir
+
+    text = (data_dir("models") / "mpt.yaml").read_text()
+    declared = "triton: triton_attention, unpad: true}"
+    assert declared in text
+    bare = tmp_path / "mpt-padded.yaml"
+    bare.write_text(text.replace(declared, "triton: triton_attention}"))
+    return str(bare)
+
+
+def test_mpt_triton_switch_slows_only_attention(tmp_path) -> None:
+    """The kernel alone: on the padded model (no bert_padding around the flash-attn kernel, whose host syncs
+    outweigh the kernel's gain on this 2-layer model) the Triton kernel is slower and nothing else changes."""
     hw, plan = load_hardware("dgx-h100"), Plan(devices=1, global_batch=4, micro_batch=4)
-    flash = predict(load_model("mpt", {**SMALL_MPT, "triton_attention": False}), hw, plan)
-    triton = predict(load_model("mpt", {**SMALL_MPT, "triton_attention": True}), hw, plan)
+    flash = predict(load_model(padded_mpt(tmp_path), {**SMALL_MPT, "triton_attention": False}), hw, plan)
+    triton = predict(load_model(padded_mpt(tmp_path), {**SMALL_MPT, "triton_attention": True}), hw, plan)
     assert triton.step_time_s > flash.step_time_s
     for op in ("linear", "layernorm", "gelu", "cross_entropy"):
         assert triton.per_type_s[op] == pytest.approx(flash.per_type_s[op], rel=1e-12)
     assert triton.work_flops == flash.work_flops  # the same FLOPs, executed slower
+
+
+# ---- attn_impl flash: flash-attn's bert_padding around the varlen kernel ------------------------------------
+
+
+def test_unpad_moves_every_row_of_q_k_v_and_the_output() -> None:
+    """bert_padding @v2.4.2 per attention layer (batch 4, s 2048, 16 query heads and 4 KV heads of 128): forward
+    3 gathers (read + write of Q, K, V) and pad_input (zero-fill, read, write of O); backward 3 zero-fills and
+    scatters (3 x Q, K, V) and the gather of O's gradient (read + write); 3 x 7 + 2 operators forward, 3 x 2 + 1
+    backward; nonzero and .item() wait for the device in each of the 3 unpad_input calls."""
+    batch, s, e = 4, 2048, 2
+    q = o = e * batch * s * 16 * 128
+    k = e * batch * s * 4 * 128
+    qkv = q + 2 * k
+    layer = flash_layer(False, s=s, unpad=True, kv_heads=4)
+    (unpad,) = [k for k in OPS["attention"].kernels(layer, batch, e) if k.name == "unpad"]
+    assert unpad.cls == "memory" and unpad.cost.work == 0  # copies only: no FLOPs, no model work
+    assert unpad.cost.fwd_bytes == 2 * qkv + 3 * o
+    assert unpad.cost.bwd_bytes == 3 * qkv + 2 * o
+    assert unpad.phase_launches == (23, 7) and unpad.host_ops == (23, 7)
+    assert unpad.syncs == 6
+
+
+def test_unpad_forward_waits_for_the_host_at_each_sync() -> None:
+    """Each host synchronisation adds the device's sync gap (one forward dispatch and two launch latencies, as a
+    MoE dispatcher's wait) to the forward; the backward has none; the bytes stream at the element-wise rate."""
+    from dataclasses import replace
+
+    from dlperf.engine.device import sync_gap
+
+    h100 = load_hardware("dgx-h100").device
+    (unpad,) = [k for k in OPS["attention"].kernels(flash_layer(False, unpad=True), 4, 2) if k.name == "unpad"]
+    fwd, bwd = kernel_times(unpad, h100, "bf16")
+    no_sync = kernel_times(replace(unpad, syncs=0), h100, "bf16")
+    assert sync_gap(h100) == pytest.approx(h100.dispatch_forward + 2 * h100.launch_latency, rel=1e-12)
+    assert fwd - no_sync[0] == pytest.approx(6 * sync_gap(h100), rel=1e-9)
+    assert bwd == no_sync[1]
+    eff = h100.eff("memory")
+    startup = eff.startup if eff.startup is not None else eff.half / (max(h100.peak_flops.values()) * eff.peak)
+    bw = h100.memory_bandwidth * eff.peak
+    assert no_sync[0] == pytest.approx(unpad.cost.fwd_bytes / bw + 23 * (startup + h100.launch_latency), rel=1e-9)
+
+
+def test_unpad_applies_to_the_flash_attn_package_only() -> None:
+    """llm-foundry's Triton kernel takes the padded batch (no unpad kernel, nothing saved beyond it); a layer
+    without `unpad` keeps the plain fused kernel; `unpad` on an unfused layer is refused."""
+    from dlperf.ops.dense import _attention_check
+
+    def names(layer: Layer) -> list[str]:
+        return [k.name for k in OPS["attention"].kernels(layer, 4, 2)]
+
+    assert "unpad" in names(flash_layer(False, unpad=True))
+    assert "unpad" not in names(flash_layer(True, unpad=True))
+    assert "unpad" not in names(flash_layer(False))
+    saved = OPS["attention"].saved
+    s = 8192
+    extra = saved(flash_layer(False, unpad=True), 2) - saved(flash_layer(False), 2)
+    assert extra == 2 * s * 16 * 128 + 3 * 8 * s  # pad_input's output copy and three int64 index vectors
+    assert saved(flash_layer(True, unpad=True), 2) == saved(flash_layer(True), 2)
+    attrs = {**OPS["attention"].attrs, "heads": 8, "kv_heads": 8, "flash": False, "unpad": True}
+    with pytest.raises(SpecError, match="unpad"):
+        _attention_check((1024, 1024), attrs)
+
+
+def test_mpt_flash_pays_the_unpad_and_triton_does_not(tmp_path) -> None:
+    """models/mpt.yaml declares unpad (attn_impl flash, llmfoundry/models/layers/attention.py @5e85bd62): with
+    the flash-attn kernel each layer's attention costs its unpad kernel more than without it, forward and
+    backward; with triton_attention the declaration changes nothing."""
+    hw, plan = load_hardware("dgx-h100"), Plan(devices=1, global_batch=4, micro_batch=4)
+    bare = padded_mpt(tmp_path)
+    for triton in (False, True):
+        params = {**SMALL_MPT, "triton_attention": triton}
+        unpadded, padded = predict(load_model("mpt", params), hw, plan), predict(load_model(bare, params), hw, plan)
+        extra = unpadded.per_type_s["attention"] - padded.per_type_s["attention"]
+        if triton:
+            assert extra == 0 and unpadded.step_time_s == padded.step_time_s
+            continue
+        layer = [layer for layer, _ in load_model("mpt", params).layers() if layer.op == "attention"][0]
+        (unpad,) = [k for k in OPS["attention"].kernels(layer, 4, 2) if k.name == "unpad"]
+        assert extra == pytest.approx(SMALL_MPT["layers"] * sum(kernel_times(unpad, hw.device, "bf16")), rel=1e-9)
+        assert unpadded.work_flops == padded.work_flops
 
 
 # ---- FSDP mixed precision: weights gathered in bf16, gradients reduced in fp32 -----------------------------

@@ -175,13 +175,17 @@ def test_show_survey_columns_match_table_4():
     assert c1["forward_flops"] == 2 * c1["survey_work"] + 6 * 28 * 28  # exact count adds the bias
 
 
-def test_elasticities_are_the_derivatives_of_the_closed_form():
+@pytest.mark.parametrize(("name", "params"), [
+    ("gpt", {"layers": 2, "hidden": 256, "heads": 4, "seq": 128, "vocab": 1000}),
+    ("mpt", {"layers": 2, "hidden": 256, "heads": 4, "seq": 128}),  # host syncs of its unpad kernel
+])
+def test_elasticities_are_the_derivatives_of_the_closed_form(name, params):
     import sympy
 
     from dlperf.engine.symbolic import F32, LAM, F, M, elasticities, step_time_expr
     from dlperf.spec.hardware import load_hardware
 
-    model = load_model("gpt", {"layers": 2, "hidden": 256, "heads": 4, "seq": 128, "vocab": 1000})
+    model = load_model(name, params)
     hw = load_hardware("dgx-a100")
     numeric = elasticities(model, hw, "fp16", 4)
     expr = step_time_expr(model, hw, "fp16", choose_at=4)  # GEMM quantization is taken at the plan's batch

@@ -230,6 +230,7 @@ def test_symbolic_step_of_an_input_bound_plan_is_the_loaders_time():
 @pytest.mark.parametrize(("model", "hardware", "knobs"), [
     ("llama3-8b", "dgx-h100", {"micro_batch": 2}),                      # 4 micro-batches: gradient accumulation
     ("llama3-70b", "gb200-nvl72", {"micro_batch": 1, "dtype": "fp8", "offload_layers": 79}),  # offload waits
+    ("mpt", "dgx-h100", {"micro_batch": 2}),  # bert_padding's host syncs around the flash-attn kernel (unpad)
 ])
 def test_symbolic_step_at_the_devices_values_is_the_prediction(model, hardware, knobs):
     """m x T(micro) + the named remainder equals `dlperf predict`'s step: the remainder holds every part the passes'

@@ -163,9 +163,19 @@ def kernel_times(kernel: Kernel, device: Device, dtype: str, divisor: Any = 1,
     q_fwd, q_bwd = compute_stretch(kernel, device, dtype, divisor, kernel.tp_dim or tp_dim)
     fwd_launches, bwd_launches = kernel.phase_launches
     fwd = phase_time(c.fwd_flops / divisor, c.fwd_bytes / divisor, fwd_launches, kernel.cls, device, dtype, q_fwd)
+    if kernel.syncs:
+        fwd = fwd + kernel.syncs * sync_gap(device)
     bwd = phase_time(kernel.bwd_flops / divisor, c.bwd_bytes / divisor, bwd_launches, kernel.cls, device, dtype,
                      q_bwd)
     return fwd, bwd
+
+
+def sync_gap(device: Device) -> float:
+    """Device seconds idle at a host synchronization inside a pass (a MoE dispatcher's wait for its split sizes,
+    flash-attn's unpad_input): the device-to-host copy the host waits on is one more launch, and once it returns
+    the host issues the next operator (one forward dispatch, DEFAULT_DISPATCH) before the device has work again,
+    which reaches it a launch latency later."""
+    return device.dispatch_forward + 2 * device.launch_latency
 
 
 def dispatch_times(kernel: Kernel, device: Device) -> tuple[Any, Any]:

@@ -16,6 +16,7 @@ from dlperf.comm import ep_kernels
 from dlperf.engine import horovod, offload, zero_impl
 from dlperf.engine import memory as mem
 from dlperf.engine.context import DISPATCHER_SMS, Parallel
+from dlperf.engine.device import sync_gap
 from dlperf.engine.grad_passes import grad_pass_time
 from dlperf.engine.input import input_note, input_wait
 from dlperf.engine.layers import element_bytes, tp_uses
@@ -923,14 +924,6 @@ def _optimizer_time_split(hw: Hardware, plan: Plan, params: Any, expert_params: 
     return dense + _optimizer_time(hw, _expert_group(plan), expert_params, loop=loop)
 
 
-def _sync_gap(hw: Hardware) -> Any:
-    """Device seconds idle at a host synchronization inside a pass (a MoE dispatcher's wait for its split sizes,
-    context.ep_dispatch_extra): the device-to-host copy the host waits on is one more launch, and once it returns
-    the host issues the next operator (one forward dispatch, DEFAULT_DISPATCH) before the device has work again,
-    which reaches it a launch latency later."""
-    return hw.device.dispatch_forward + 2 * hw.device.launch_latency
-
-
 def _parallel(comm: Any, hw: Hardware, plan: Plan) -> Parallel | None:
     """Expert and context parallelism with their groups placed as Megatron-Core orders ranks: the attention's
     generator puts tp innermost, then cp, then dp (cp ranks tp apart); the experts' own generator folds cp into
@@ -951,7 +944,7 @@ def _parallel(comm: Any, hw: Hardware, plan: Plan) -> Parallel | None:
         ep_alltoall_nodes=lambda nbytes: comm.collective_time("alltoall", nbytes, across, hw),
         ep_alltoall_node=lambda nbytes: comm.collective_time("alltoall", nbytes, inside, hw),
         ep_allgather=lambda nbytes: comm.collective_time("allgather", nbytes, ep_group, hw),
-        sync_gap=_sync_gap(hw),
+        sync_gap=sync_gap(hw.device),
         ep_dispatcher=plan.ep_dispatcher, fp8_dispatch=plan.ep_dispatcher == "deepep" and is_recipe(plan.dtype),
         ep_kernel=_ep_kernel(hw, plan, nodes),
         cp_alltoall=lambda nbytes: comm.collective_time("alltoall", nbytes, cp_group, hw),

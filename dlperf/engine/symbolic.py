@@ -11,7 +11,14 @@ from typing import Any
 
 import sympy
 
-from dlperf.engine.device import MATRIX_CLASSES, compute_efficiency, compute_stretch, memory_efficiency, startup_time
+from dlperf.engine.device import (
+    MATRIX_CLASSES,
+    compute_efficiency,
+    compute_stretch,
+    memory_efficiency,
+    startup_time,
+    sync_gap,
+)
 from dlperf.engine.input import input_time
 from dlperf.engine.layers import Use, element_bytes
 from dlperf.engine.stage import conv_choice, use_kernels
@@ -69,6 +76,8 @@ def _kernel_expr(kernel: Any, hw: Hardware, dtype: str, quantization: tuple[Any,
         compute = launches * t0_c + flops / (peak * sympy.Float(eff_c.peak, 4)) if flops != 0 else 0
         memory = launches * t0_m + nbytes / (M * sympy.Float(eff_m.peak, 4)) if nbytes != 0 else 0
         out += sympy.Max(compute, memory) + launches * LAM
+    if kernel.syncs:  # each host synchronisation idles the device one dispatch and two launches (device.sync_gap)
+        out += kernel.syncs * (sympy.Float(hw.device.dispatch_forward, 4) + 2 * LAM)
     return out
 
 
@@ -194,6 +203,9 @@ def elasticities(model: Model, hw: Hardware, dtype: str, batch: int, nchw: bool 
                 elif nbytes:
                     shares["memory bandwidth (M)"] -= count * nbytes / (
                         hw.device.memory_bandwidth * memory_efficiency(hw.device, kernel.cls).peak)
+            if kernel.syncs:  # device.sync_gap: a dispatch and two launch latencies per host synchronisation
+                total += count * kernel.syncs * sync_gap(hw.device)
+                shares["launch latency (lam)"] += count * kernel.syncs * 2 * hw.device.launch_latency
     return {"T_value": total, **{k: v / total for k, v in shares.items()}}
 
 

@@ -60,6 +60,8 @@ class Kernel:
     `bwd_framework_ops` how many for the backward's (None: twice `framework_ops`, data and weight gradient).
     `slowdown` is (forward, backward) time of this implementation over what its class's curve gives, for a kernel
     measured only relative to the one the curve describes (FlashAttention in Triton against FlashAttention-2).
+    `syncs` counts the forward's host synchronisations (a `.item()` or `torch.nonzero` waits for the device):
+    after each the device runs dry until the host issues the next kernel (dlperf.engine.device.sync_gap).
     """
 
     name: str
@@ -80,6 +82,7 @@ class Kernel:
     bwd_framework_ops: Any = None
     slowdown: tuple[float, float] = (1.0, 1.0)
     seq: Any = None  # a fused attention kernel: the key length its query blocks loop over (curve's seq_half)
+    syncs: Any = 0
 
     @property
     def backward_launches(self) -> Any:

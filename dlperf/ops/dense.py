@@ -193,8 +193,10 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     q_bytes, k_bytes = e * batch * s * h * hd, e * batch * skv * kv * hd  # V has K's size
     qkv_bytes = q_bytes + 2 * k_bytes
     if layer["flash"]:
-        return (*projections, _flash_kernel(layer, qk + av + softmax, qkv_bytes, e * batch * s * h * hd,
-                                            2 * scores * hd + 5 * scores), out_proj, *biases)
+        out_bytes = e * batch * s * h * hd
+        flash = _flash_kernel(layer, qk + av + softmax, qkv_bytes, out_bytes, 2 * scores * hd + 5 * scores)
+        unpad = (_unpad_kernel(qkv_bytes, out_bytes),) if _unpads(layer) else ()
+        return (*projections, *unpad, flash, out_proj, *biases)
     score_bytes = e * scores
     # Splitting Q, K, V into heads and merging the context back are transposed copies in unfused
     # implementations (PyTorch's multi-head attention makes each contiguous): read + write of q, k, v and the
@@ -344,6 +346,40 @@ def _flash_kernel(layer: Layer, core: Cost, qkv_bytes: Any, out_bytes: Any, reco
                   slowdown=TRITON_SLOWDOWN if layer["triton"] else (1.0, 1.0), seq=keys)
 
 
+# flash-attn's padding helpers (Dao-AILab/flash-attention flash_attn/bert_padding.py @v2.4.2), as llm-foundry's MPT
+# calls them with attn_impl: flash (mosaicml/llm-foundry llmfoundry/models/layers/attention.py flash_attn_fn
+# @5e85bd62): unpad_input on Q, on K and on V, then flash_attn_varlen_func, then pad_input on the output.
+# unpad_input runs attention_mask.sum, torch.nonzero (the host waits for the count), seqlens.max().item() (the host
+# waits again), torch.cumsum, F.pad, and IndexFirstAxis (torch.gather of the kept rows; the einops rearrange/repeat
+# are views): 7 operators and 2 host synchronisations each. pad_input is IndexPutFirstAxis: torch.zeros and
+# output[indices] = values, 2 operators. Backward: IndexPutFirstAxis.backward is grad_output[indices] (1 operator),
+# each IndexFirstAxis.backward torch.zeros and scatter_ (2). Each operator is counted as one launch (nonzero
+# launches more than one cub kernel: a lower bound).
+UNPAD_CALLS = 3                      # Q, K, V
+UNPAD_OPS, UNPAD_SYNCS = 7, 2        # per unpad_input, forward
+PAD_OPS = 2                          # pad_input, forward
+UNPAD_BWD_OPS, PAD_BWD_OPS = 2, 1    # per IndexFirstAxis / IndexPutFirstAxis backward
+INDEX_BYTES = 8                      # torch.nonzero's int64 row indices, one per token, saved by each unpad_input
+
+
+def _unpads(layer: Layer) -> bool:
+    """Whether the flash-attn package kernel runs behind bert_padding's unpad/pad (`unpad: true`); a Triton kernel
+    (`triton: true`, llm-foundry's triton_flash_attn_fn) takes the padded batch and unpads nothing."""
+    return bool(layer["unpad"]) and bool(layer["flash"]) and not layer["triton"]
+
+
+def _unpad_kernel(qkv_bytes: Any, out_bytes: Any) -> Kernel:
+    """bert_padding's unpad of Q, K, V and pad of the output around a varlen FlashAttention call (constants above):
+    memory-bound copies of every row (a batch without padding keeps them all). Forward: each gather reads and
+    writes its tensor (2 x QKV); pad_input zero-fills the output and writes the rows into it (write, read, write).
+    Backward: each IndexFirstAxis zero-fills its input's gradient and scatters into it (write, read, write: 3 x QKV),
+    the output's gradient is gathered back (read, write). The host waits for the device twice per unpad_input."""
+    return Kernel("unpad", "memory", Cost(fwd_bytes=2 * qkv_bytes + 3 * out_bytes,
+                                          bwd_bytes=3 * qkv_bytes + 2 * out_bytes, depth=1, bwd_depth=1),
+                  launches=UNPAD_CALLS * UNPAD_OPS + PAD_OPS, bwd_launches=UNPAD_CALLS * UNPAD_BWD_OPS + PAD_BWD_OPS,
+                  syncs=UNPAD_CALLS * UNPAD_SYNCS)
+
+
 # A sliding-window FlashAttention kernel visits, for each block of queries, only the key blocks that meet its
 # window: the window plus at most one partly masked block. FlashAttention-2 tiles keys in blocks of 64 or 128
 # ("block sizes {64, 128} x {64, 128}", Dao 2023, arXiv:2307.08691, section 3.3); the larger is taken, so a
@@ -436,7 +472,9 @@ def _attention_saved(layer: Layer, e: int) -> Any:
     s, d, h, kv, hd, skv = _attention_dims(layer)
     linear_terms = e * (s * d + s * h * hd + 2 * skv * kv * hd + s * h * hd)
     if layer["flash"]:
-        return linear_terms + 4 * h * s
+        # unpadded: pad_input's output is a copy beside the kernel's saved output, and each unpad keeps its indices
+        unpad = e * s * h * hd + UNPAD_CALLS * INDEX_BYTES * s if _unpads(layer) else 0
+        return linear_terms + 4 * h * s + unpad
     return linear_terms + quadratic_attention_bytes(layer, e)
 
 
@@ -460,6 +498,9 @@ def _attention_check(shape: tuple, a: dict) -> None:
     if a["flash_version"] not in (2, 3):
         raise ShapeError("flash_version", expected="2 (FlashAttention-2) or 3 (FlashAttention-3)",
                          found=a["flash_version"])
+    if a["unpad"] and not a["flash"]:
+        raise ShapeError("unpad", expected="flash: true (bert_padding unpads the batch around the flash-attn kernel)",
+                         found="flash: false")
     if a["window"] is not None and not (a["flash"] and a["causal"]):
         raise ShapeError("window", expected="flash: true and causal: true (a sliding window is priced as "
                          "FlashAttention's causal local attention)", found=f"flash {a['flash']}, causal {a['causal']}")
@@ -475,7 +516,7 @@ def _attention_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
 ATTENTION = OpRule(
     attrs={"heads": REQUIRED, "head_dim": None, "kv_heads": None, "causal": False, "bias": True,
            "flash": False, "kv_seq": None, "out": None, "dropout": 0.0, "qkv_bias": False, "flash_version": 2,
-           "triton": False, "softmax": "fused", "window": None, "sinks": False},
+           "triton": False, "softmax": "fused", "window": None, "sinks": False, "unpad": False},
     shape=lambda s, a: (*s[:-1], a["out"]),
     params=_attention_params,
     kernels=_attention_kernels,
