@@ -559,9 +559,10 @@ def test_grouped_rounds_end_with_a_partial_round():
 
 
 def test_alltoall_dispatcher_extra_work_by_hand():
-    """Megatron-Core's all-to-all dispatcher, forward: the token-count all-gather, the probability all-to-all and
-    the host-sync gap; backward: the probabilities' gradient all-to-all. DeepEP: the gap only. Padded to
-    capacity: no gather, no sync, the probabilities still travel."""
+    """Megatron-Core's all-to-all dispatcher, forward: the token-count all-gather (the gathered [ep, E] int64
+    counts, an all-gather priced on its whole buffer), the probability all-to-all and the host-sync gap;
+    backward: the probabilities' gradient all-to-all. DeepEP: the gap only. Padded to capacity: no gather, no
+    sync, the probabilities still travel."""
     from dlperf.engine.context import Parallel, ep_dispatch_extra
     from dlperf.engine.layers import Use
 
@@ -569,7 +570,8 @@ def test_alltoall_dispatcher_extra_work_by_hand():
     par = Parallel(ep=8, ep_alltoall=lambda n: 1e-9 * n, ep_allgather=lambda n: 1e-6 * n, sync_gap=3e-5)
     probs = 4 * 4096 * 8  # fp32 per routed copy of one 4096-token sample
     use = Use(layer, 1, False)
-    assert ep_dispatch_extra(use, 1, 1, par) == pytest.approx((8e-6 * 128 + 1e-9 * probs + 3e-5, 1e-9 * probs))
+    counts = 8 * 8 * 128  # 8 ranks x 128 experts x int64
+    assert ep_dispatch_extra(use, 1, 1, par) == pytest.approx((1e-6 * counts + 1e-9 * probs + 3e-5, 1e-9 * probs))
     assert ep_dispatch_extra(use, 1, 1, replace(par, ep_dispatcher="deepep")) == (3e-5, 0.0)
     padded = Use(replace(layer, attrs=tuple((k, 1.0 if k == "capacity_factor" else v) for k, v in layer.attrs)),
                  1, False)
@@ -596,7 +598,7 @@ def test_megatron_moe_layer_host_operators_by_hand():
     assert host(16) == (8 + 3 + 4 + 10 + 5, 12 + 4 + 2 + 2)
     assert host(None) == (8 + 3 + 4 + 2 + 5, 12 + 4 + 2 + 2)
     assert host(1) == (8 + 3 + 4 + 10, 12 + 4 + 2)  # one expert per rank: nothing to sort
-    assert host(16, "deepep") == (8 + 3 + 4, 12 + 4 + 2)  # the flex dispatcher's own bookkeeping is not counted
+    assert host(16, "deepep") == (8 + 3 + 4 + 1, 12 + 4 + 2)  # + the layout kernel (FLEX_METADATA_LAUNCHES)
     padded = replace(layer, attrs=tuple((k, 1.0 if k == "capacity_factor" else v) for k, v in layer.attrs))
     assert host(16, moe=padded) == (8 + 3 + 4 + 1 + 3, 12 + 4 + 2 + 3)
     counts = next(k for k in moe_kernels(layer, 1, 2, 16) if k.name == "dispatch_counts")
@@ -605,6 +607,49 @@ def test_megatron_moe_layer_host_operators_by_hand():
     assert ep_collectives(layer, par) == (4, 3)
     assert ep_collectives(padded, par) == (3, 3)
     assert ep_collectives(layer, replace(par, ep_dispatcher="deepep")) == (0, 0)
+    assert ep_collectives(layer, replace(par, ep_dispatcher="hybridep")) == (1, 0)  # the routing-map gather
+
+
+def test_hybridep_forward_gathers_routing_maps_by_hand():
+    """HybridEP's forward dispatch, called without a cached handle, all-gathers every rank's [tokens, experts]
+    bool routing map over the EP group (hybrid_ep_buffer.py dispatch_with_permute) on top of the host-sync gap;
+    padded to capacity it still gathers, without the gap; the backward reuses the handle. Qwen3-30B-A3B, 4096
+    tokens a sample, 128 experts, ep 16, tp 2 (each rank dispatches half the tokens), two samples: the gathered
+    buffer holds 16 x 4096 x 128 bytes. DeepEP gathers nothing."""
+    from dlperf.engine.context import Parallel, ep_dispatch_extra, routing_map_gather
+    from dlperf.engine.layers import Use
+
+    layer = next(layer for layer, _ in load_model("qwen3-30b-a3b").counted() if layer.op == "moe")
+    par = Parallel(ep=16, ep_allgather=lambda n: 1e-9 * n, sync_gap=3e-5, ep_dispatcher="hybridep")
+    gathered = 16 * (2 * 4096 / 2) * 128
+    assert routing_map_gather(layer, 2, 2, par) == pytest.approx(1e-9 * gathered)
+    assert ep_dispatch_extra(Use(layer, 1, False), 2, 2, par) == pytest.approx((1e-9 * gathered + 3e-5, 0.0))
+    padded = replace(layer, attrs=tuple((k, 1.0 if k == "capacity_factor" else v) for k, v in layer.attrs))
+    assert ep_dispatch_extra(Use(padded, 1, False), 2, 2, par) == pytest.approx((1e-9 * gathered, 0.0))
+    assert routing_map_gather(layer, 2, 2, replace(par, ep_dispatcher="deepep")) == 0.0
+
+
+def test_flex_dispatcher_metadata_kernels_by_hand():
+    """The flex dispatcher's forward metadata kernels the published DeepEP and HybridEP bandwidths leave out.
+    HybridEP (ep 16, 8 local experts, t = 4096): the preprocessing reads the gathered 16 x 4096 x 128 bool map
+    and writes a 4096 x 16 int32 sparse map, a 65536 x 8 bool and a 65536 x 8 int32 map, 2 launches. DeepEP: the
+    layout kernel reads 4096 x 8 int64 indices and writes 4096 x 16 bools and 16 + 128 int32 counts, 1 launch.
+    Neither runs backward, without expert parallelism, or for the all-to-all dispatcher."""
+    from dlperf.ops.moe import moe_kernels
+
+    layer = next(layer for layer, _ in load_model("qwen3-30b-a3b").counted() if layer.op == "moe")
+
+    def metadata(resident, dispatcher):
+        return [k for k in moe_kernels(layer, 1, 2, resident, dispatcher) if k.name.endswith("_metadata")]
+
+    (hybrid,) = metadata(8, "hybridep")
+    t = 4096
+    assert hybrid.cost.fwd_bytes == pytest.approx(16 * t * 128 + 4 * t * 16 + t * 128 + 4 * t * 128)
+    assert (hybrid.cost.bwd_bytes, hybrid.phase_launches) == (0, (2, 0))
+    (layout,) = metadata(8, "deepep")
+    assert layout.cost.fwd_bytes == pytest.approx(8 * t * 8 + t * 16 + 4 * (16 + 128))
+    assert layout.phase_launches == (1, 0)
+    assert metadata(None, "hybridep") == metadata(8, "alltoall") == []
 
 
 def test_fp8_grouped_gemm_reads_every_resident_experts_weights():

@@ -215,21 +215,24 @@ def test_hybridep_exchange_by_hand(model, h800):
 
 def test_hybridep_holds_its_32_sms_and_waits_like_deepep(model, h800):
     """Overlapped, HybridEP's all-to-alls hold the 32 SMs Megatron-Bridge gives them (of H800's 132) where DeepEP
-    holds 20; beyond the tokens it adds only the host-sync gap, as DeepEP, and no NCCL collective."""
+    holds 20; beyond the tokens it adds the host-sync gap, as DeepEP, and forward its routing-map all-gather
+    (context.routing_map_gather: 16 ranks x 4096 tokens x the model's experts, one bool each), one collective."""
     from dataclasses import replace
 
     from dlperf.engine.context import Parallel, ep_collectives, ep_dispatch_extra
     from dlperf.engine.layers import Use
     from dlperf.engine.step import _ep_contention
+    from dlperf.ops.base import numel
 
     assert _ep_contention(h800, PLAN.with_(ep_dispatcher="hybridep")) == pytest.approx(32 / 132)
     assert _ep_contention(h800, PLAN.with_(ep_dispatcher="deepep")) == pytest.approx(20 / 132)
     layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
     par = Parallel(ep=16, ep_alltoall=lambda n: 1e-9 * n, ep_allgather=lambda n: 1e-6 * n, sync_gap=3e-5,
                    ep_dispatcher="hybridep")
-    assert ep_dispatch_extra(Use(layer, 1, False), 1, 1, par) == (3e-5, 0.0)
-    assert ep_collectives(layer, par) == (0, 0)
-    assert ep_collectives(layer, replace(par, ep_dispatcher="alltoall")) != (0, 0)
+    gathered = 16 * numel(layer.in_shape[:-1]) * layer["experts"]
+    assert ep_dispatch_extra(Use(layer, 1, False), 1, 1, par) == pytest.approx((1e-6 * gathered + 3e-5, 0.0))
+    assert ep_collectives(layer, par) == (1, 0)
+    assert ep_collectives(layer, replace(par, ep_dispatcher="alltoall")) != (1, 0)
 
 
 def test_hybridep_dualpipe_slower_than_deepep_in_bf16(model, h800):

@@ -26,7 +26,7 @@ from typing import Any
 
 from dlperf import mathx
 from dlperf.engine.layers import Use
-from dlperf.ops.base import Layer
+from dlperf.ops.base import Layer, numel
 from dlperf.ops.moe import INDEX_BYTES, ROUTER_BYTES, dispatch_elements, kv_width, qkv_widths
 from dlperf.ops.recompute import FP8_TILED
 
@@ -242,28 +242,50 @@ def ep_dispatch_extra(use: Use, batch: Any, tp: int, par: Parallel) -> tuple[Any
       starts only when the host has issued it (`par.sync_gap`). DeepEP's dispatch waits the same way ("the CPU
       will wait for GPU's signal to arrive", deepseek-ai/DeepEP README, normal kernels) but carries the
       probabilities inside its dispatch and counts in its own notify step, so only the gap applies there; so does
-      HybridEP's (HYBRIDEP_SMS: its host waits for the received-token count).
-    Experts padded to capacity have static sizes: no gather and no sync (`drop_and_pad`), the probabilities
-    still travel (capacity x E of them)."""
+      HybridEP's (HYBRIDEP_SMS: its host waits for the received-token count);
+    - HybridEP's forward dispatch also all-gathers every rank's routing map (`routing_map_gather`), which the
+      bandwidth its benchmark publishes leaves out.
+    Experts padded to capacity have static sizes: no count gather and no sync (`drop_and_pad`), the
+    probabilities still travel (capacity x E of them) and HybridEP still gathers its routing maps."""
     layer = use.layer
     if par.ep_dispatcher != "alltoall":
-        return (0.0, 0.0) if layer.get("capacity_factor") else (par.sync_gap, 0.0)
+        gather = routing_map_gather(layer, batch, tp, par)
+        return (gather, 0.0) if layer.get("capacity_factor") else (gather + par.sync_gap, 0.0)
     capacity = layer.get("capacity_factor") or 1
     load = 1 if layer.get("capacity_factor") else expert_load(layer, par)
     probs = ROUTER_BYTES * batch * dispatch_elements(layer, capacity) / layer.in_shape[-1] / (tp * par.cp)
     probs_alltoall = _alltoall(layer, par, probs * load)
     if layer.get("capacity_factor"):
         return probs_alltoall, probs_alltoall
-    counts = par.ep_allgather(INDEX_BYTES * layer["experts"]) if par.ep_allgather else 0.0
+    # the gathered [ep, E] int64 counts: an all-gather is priced on its whole (concatenated) buffer
+    counts = par.ep_allgather(par.ep * INDEX_BYTES * layer["experts"]) if par.ep_allgather else 0.0
     return counts + probs_alltoall + par.sync_gap, probs_alltoall
+
+
+def routing_map_gather(layer: Layer, batch: Any, tp: int, par: Parallel) -> Any:
+    """Seconds of HybridEP's routing-map all-gather, forward only: with no cached handle (Megatron-Core's
+    HybridEPDispatch.forward calls dispatch_with_permute without one, fused_a2a.py @92c8482e) the buffer
+    gathers each rank's [tokens, experts] bool routing map over the expert-parallel group before its metadata
+    preprocessing (deepseek-ai/DeepEP hybrid-ep @94a9f8f, deep_ep/hybrid_ep_buffer.py dispatch_with_permute and
+    csrc/hybrid_ep/executor/executor.cu allgather_routing_map: NCCL all_gather_into_tensor across nodes, a
+    custom NVLink all-gather inside one domain when enabled). The published HybridEP bandwidths leave it out:
+    tests/test_hybrid_ep.py times dispatch with the cached `handle` of an earlier call. The backward's dispatch
+    and combine reuse the handle. DeepEP gathers no routing map (its counts travel in the timed notify step)."""
+    if par.ep_dispatcher != "hybridep" or not par.ep_allgather:
+        return 0.0
+    tokens = batch * numel(layer.in_shape[:-1]) / (tp * par.cp)
+    return par.ep_allgather(par.ep * tokens * layer["experts"])
 
 
 def ep_collectives(layer: Layer, par: Parallel) -> tuple[int, int]:
     """(forward, backward) collectives the all-to-all dispatcher issues per MoE layer (token_dispatcher.py
     MoEAlltoAllTokenDispatcher, NVIDIA/Megatron-LM @92c8482e): forward the tokens-per-expert all-gather
     (`preprocess`; none when experts are padded to capacity), the token and probability all-to-alls
-    (`token_dispatch`) and the combine's (`token_combine`); backward the three all-to-alls' gradients. Other
-    dispatchers' are not counted."""
+    (`token_dispatch`) and the combine's (`token_combine`); backward the three all-to-alls' gradients. HybridEP
+    issues its forward routing-map all-gather through torch.distributed (`routing_map_gather`); its and DeepEP's
+    own kernels are no NCCL collectives (the gather is one host operator either way)."""
+    if par.ep_dispatcher == "hybridep":
+        return 1, 0
     if par.ep_dispatcher != "alltoall":
         return 0, 0
     return (3 if layer.get("capacity_factor") else 4), 3

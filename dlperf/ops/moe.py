@@ -154,7 +154,7 @@ def _bookkeeping(layer: Layer, t: Any, e: int, local: Any, ep: bool, dispatcher:
                                                     bwd_depth=1),
                   launches=GRAD_ACCUMULATE[0], bwd_launches=GRAD_ACCUMULATE[1], split=False)]
     if dispatcher != "alltoall":
-        return out
+        return out + (_flex_metadata(layer, t, local, dispatcher) if ep else [])
     padded = bool(layer.get("capacity_factor"))
     host_ops, launches = PADDED_COUNTS if padded else DISPATCH_COUNTS[ep]
     out.append(Kernel("dispatch_counts", "memory", Cost(fwd_bytes=scores, depth=clog2(t)), launches=launches,
@@ -166,6 +166,36 @@ def _bookkeeping(layer: Layer, t: Any, e: int, local: Any, ep: bool, dispatcher:
         out.append(Kernel("chunk_sort", "memory", Cost(fwd_bytes=moved, bwd_bytes=moved, depth=1, bwd_depth=1),
                           launches=fwd, bwd_launches=bwd, split=False))
     return out
+
+
+# The flex dispatcher's metadata kernels, forward only (the backward reuses the handle), which the bandwidths
+# DeepEP and HybridEP publish leave out (their benchmarks time dispatch with a cached handle or a precomputed
+# layout: deepseek-ai/DeepEP tests/legacy/test_intranode.py `tune_args = {'x': ..., 'handle': handle, ...}`, the
+# hybrid-ep branch's tests/test_hybrid_ep.py `dispatch_args = {..., 'handle': handle}`):
+# - HybridEP (hybrid-ep @94a9f8f csrc/hybrid_ep/executor/executor.cu metadata_preprocess_core): the preprocessing
+#   kernel reads the gathered [ep * tokens, E] bool routing map (context.routing_map_gather) and writes
+#   sparse_to_dense_map [tokens * nodes, ranks per node] int32, local_expert_routing_map [tokens * ep, local] bool
+#   and, with the permute Megatron-Core asks for, dense_to_expert_map [tokens * ep, local] int32; then
+#   pad_tokens_per_expert: 2 launches.
+# - DeepEP (Megatron-Core fused_a2a.py FusedDispatch.forward @92c8482e: buffer.get_dispatch_layout before
+#   buffer.dispatch): one kernel reading the [tokens, top_k] int64 indices and writing is_token_in_rank
+#   [tokens, ep] bool and the per-rank and per-expert counts (int32).
+FLEX_METADATA_LAUNCHES = {"hybridep": 2, "deepep": 1}
+
+
+def _flex_metadata(layer: Layer, t: Any, local: Any, dispatcher: str) -> list[Kernel]:
+    """The DeepEP or HybridEP metadata kernel of one forward dispatch (FLEX_METADATA_LAUNCHES) on an expert-parallel
+    rank holding `local` of the layer's experts (ep = experts / local ranks) and `t` tokens."""
+    n_exp = layer["experts"]
+    if dispatcher not in FLEX_METADATA_LAUNCHES:
+        return []
+    ep = n_exp / local
+    if dispatcher == "hybridep":
+        moved = ep * t * n_exp + 4 * t * ep + (1 + 4) * t * n_exp  # map in; int32 sparse map, bool + int32 maps out
+    else:
+        moved = INDEX_BYTES * t * layer["top_k"] + t * ep + 4 * (ep + n_exp)
+    return [Kernel(f"{dispatcher}_metadata", "memory", Cost(fwd_bytes=moved, depth=clog2(t)),
+                   launches=FLEX_METADATA_LAUNCHES[dispatcher], bwd_launches=0, split=False)]
 
 
 def _expert_extras(layer: Layer, routed: Any, d: Any, f: Any, e: int, local: Any) -> list[Kernel]:
