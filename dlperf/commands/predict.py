@@ -17,7 +17,7 @@ from dlperf.commands.common import (
     set_option,
     wrote,
 )
-from dlperf.plan import DP_IMPLS, DTYPES, EP_DISPATCHERS, FP8_SCALINGS, GRAD_DTYPES
+from dlperf.plan import DP_IMPLS, DTYPES, EP_DISPATCHERS, FP8_SCALINGS, GRAD_DTYPES, OPTIMIZER_IMPLS
 from dlperf.report import render, to_json
 
 DTYPE_CHOICES = click.Choice(DTYPES)
@@ -86,7 +86,7 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--memory-format", type=click.Choice(["nhwc", "nchw"]), default="nhwc", show_default=True,
                      help="Activation layout of convolutions: nhwc (PyTorch channels_last) or nchw (PyTorch's "
                           "default), where each tensor-core convolution pays cuDNN's NCHW <-> NHWC transposes."),
-        click.option("--optimizer-impl", type=click.Choice(["fused", "per-tensor"]), default="fused",
+        click.option("--optimizer-impl", type=click.Choice(list(OPTIMIZER_IMPLS)), default="fused",
                      show_default=True,
                      help="How the optimizer step runs: fused (one pass over all parameters) or per-tensor "
                           "(PyTorch < 2.0's torch.optim loop: a few kernels per parameter tensor, each paying the "
@@ -308,8 +308,8 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
     lines.append(f"step time       {q(r.step_time_s, 'time')}")
     lines.append(f"throughput      {r.throughput_samples_per_s:,.1f} samples/s")
     lines.append(f"per device      {r.model_tflops_per_device:.1f} model TFLOP/s "
-                 f"({r.hardware_tflops_per_device:.1f} as executed: recomputation in, causal attention's skipped "
-                 f"half out), MFU {100 * r.mfu:.1f}%")
+                 f"({r.hardware_tflops_per_device:.1f} as executed: recomputation in, causal attention's "
+                 f"skipped blocks out), MFU {100 * r.mfu:.1f}%")
     mem = r.memory
     parts = ", ".join(f"{k} {q(v, 'bytes')}" for k, v in mem.items() if k != "total" and v)
     fits = "fits" if r.fits else f"DOES NOT FIT in {q(hw.device.memory, 'bytes')}"
