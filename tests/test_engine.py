@@ -330,7 +330,10 @@ def test_zero3_counts_the_gathered_working_set():
      {"memory_format": "nchw", "zero": 2, "grad_dtype": "fp32", "optimizer": "sgd", "overlap": False,
       "optimizer_impl": "per-tensor", "dp_impl": "horovod-0.19"}),
     ("mixtral-8x7b", "dgx-h100", Plan(devices=16, ep=8, global_batch=64, micro_batch=1, dtype="bf16"),
-     {"ep_overlap": True, "zero": 3, "grad_dtype": "fp32", "moe_imbalance": 1.0}),
+     {"ep_overlap": True, "zero": 3, "grad_dtype": "fp32", "moe_imbalance": 1.0, "ep_dispatcher": "hybridep"}),
+    ("mixtral-8x7b", "dgx-h100", Plan(devices=16, ep=8, global_batch=64, micro_batch=1, dtype="fp8",
+                                      ep_dispatcher="deepep"),
+     {"fp8_scaling": "current", "ep_dispatcher": "hybridep"}),
     ("llama3-8b", "dgx-h100", Plan(devices=8, global_batch=16, micro_batch=1, dtype="fp8"),
      {"fp8_scaling": "current", "zero": 1, "grad_dtype": "fp32"}),
 ])
