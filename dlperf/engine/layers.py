@@ -138,7 +138,7 @@ def layer_table(model: Model, dtype: str, survey: bool = False) -> tuple[list[di
     e = element_bytes(dtype)
     rows, total = [], {"params": 0, "act": 0, "flops": 0}
     for layer, count in model.layers():
-        # model FLOPs: a causal fused kernel skips the masked half but counts the whole matrix (MFU's convention)
+        # model FLOPs: a causal fused kernel skips its masked blocks but counts the whole matrix (MFU's convention)
         flops = sum(k.cost.fwd_flops * k.model_work_scale for k in OPS[layer.op].kernels(layer, 1, e))
         act = e * numel(layer.out_shape)
         rows.append({"name": layer.name, "op": layer.op, "output": layer.out_shape, "count": count,
