@@ -18,7 +18,6 @@ from dlperf.plan import Plan, validate
 from dlperf.spec.hardware import load_hardware
 from dlperf.spec.model import load_model
 from dlperf.validate import load_dataset
-from tests.test_validate import TINY, write
 
 MIB = 1024 * 1024
 
@@ -104,19 +103,6 @@ def test_bad_plans_are_refused(plan, message):
     with pytest.raises(DlperfError, match=message) as err:
         validate(plan)
     assert "\n" not in str(err.value)
-
-
-@pytest.mark.parametrize(("new", "message"), [
-    ("dp_impl: horovod, ", "expected one of nccl, horovod-0.19"),
-    ("dp_impl: 3, ", "expected a name"),
-    ("dp_impl: horovod-0.19, zero: 1, ", "allreduces whole gradients"),
-])
-def test_bad_rows_give_one_located_line(tmp_path, new, message):
-    path = write(tmp_path, TINY.replace("dp: 8, global_batch", f"dp: 8, {new}global_batch", 1))
-    with pytest.raises(DlperfError) as err:
-        load_dataset([path])
-    text = str(err.value)
-    assert message in text and "\n" not in text and text.startswith(f"{path}:")
 
 
 def test_a_bad_cli_choice_exits_2_with_one_line():

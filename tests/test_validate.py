@@ -192,6 +192,14 @@ BAD = [
     ("dp: 8, global_batch", "dp: 8, tp_overlap: 1, global_batch", "expected true or false"),
     ("dp: 8, global_batch", "dp: 8, cp_algorithm: 2, global_batch", "expected a name"),
     ("dp: 8, global_batch", "dp: 8, moe_imbalance: high, global_batch", "expected a number"),
+    # the plan keys added with Horovod, FP8 current scaling and torch.optim's per-tensor loop
+    ("dp: 8, global_batch", "dp: 8, dp_impl: horovod, global_batch", "expected one of nccl, horovod-0.19"),
+    ("dp: 8, global_batch", "dp: 8, dp_impl: 3, global_batch", "expected a name"),
+    ("dp: 8, global_batch", "dp: 8, dp_impl: horovod-0.19, zero: 1, global_batch", "allreduces whole gradients"),
+    ("dp: 8, global_batch", "dp: 8, fp8_scaling: just-in-time, global_batch", "expected one of delayed, current"),
+    ("dp: 8, global_batch", "dp: 8, fp8_scaling: current, global_batch", "needs --dtype fp8"),
+    ("dp: 8, global_batch", "dp: 8, optimizer_impl: foreach, global_batch", "expected one of fused, per-tensor"),
+    ("dp: 8, global_batch", "dp: 8, optimizer_impl: per-tensor, zero: 1, global_batch", "ZeRO updates flat shards"),
 ]
 
 
