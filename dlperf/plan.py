@@ -244,8 +244,8 @@ def _check_activation_knobs(plan: Plan) -> None:
     _choice("ep_dispatcher", plan.ep_dispatcher, EP_DISPATCHERS)
     _choice("fp8_scaling", plan.fp8_scaling, FP8_SCALINGS)
     if plan.fp8_scaling != "delayed" and plan.dtype != "fp8":
-        raise PlanError(f"--fp8-scaling {plan.fp8_scaling} is how the per-tensor FP8 recipe scales: it needs --dtype "
-                        "fp8 (mxfp8 and nvfp4 carry block scales)", found=plan.dtype)
+        raise PlanError(f"--fp8-scaling {plan.fp8_scaling} is how the per-tensor FP8 recipe scales (mxfp8 and nvfp4 "
+                        "carry block scales)", expected="--dtype fp8", found=plan.dtype)
     if plan.ep_dispatcher != "alltoall" and plan.ep == 1:
         raise PlanError(f"--ep-dispatcher {plan.ep_dispatcher} moves expert tokens: it needs ep > 1", found=plan.ep)
 

@@ -197,7 +197,7 @@ BAD = [
     ("dp: 8, global_batch", "dp: 8, dp_impl: 3, global_batch", "expected a name"),
     ("dp: 8, global_batch", "dp: 8, dp_impl: horovod-0.19, zero: 1, global_batch", "allreduces whole gradients"),
     ("dp: 8, global_batch", "dp: 8, fp8_scaling: just-in-time, global_batch", "expected one of delayed, current"),
-    ("dp: 8, global_batch", "dp: 8, fp8_scaling: current, global_batch", "needs --dtype fp8"),
+    ("dp: 8, global_batch", "dp: 8, fp8_scaling: current, global_batch", "expected --dtype fp8"),
     ("dp: 8, global_batch", "dp: 8, optimizer_impl: foreach, global_batch", "expected one of fused, per-tensor"),
     ("dp: 8, global_batch", "dp: 8, optimizer_impl: per-tensor, zero: 1, global_batch", "ZeRO updates flat shards"),
 ]
