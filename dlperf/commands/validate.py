@@ -81,7 +81,8 @@ def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, 
         click.echo()
         click.echo(render(stats, "table", title="Absolute % error per source"))
         ranked = [g for g in groups if g["spearman"] is not None and g["measured"]]
-        click.echo(_spearman_line("median within-group Spearman (alternative plans for one model, cluster and batch)",
+        click.echo(_spearman_line("median within-group Spearman over measured rows (alternative plans for one model, "
+                                  "cluster and batch)",
                                   rho, ranked))
         click.echo(_spearman_line("  only groups at one precision (parallel layout, micro-batch, recomputation vary)",
                                   layout_rho, [g for g in ranked if is_layout_group(g)]))
