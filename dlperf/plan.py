@@ -183,20 +183,8 @@ def _check_knobs(plan: Plan) -> None:
     if plan.grad_dtype is not None:
         _choice("grad_dtype", plan.grad_dtype, GRAD_DTYPES)
     _choice("cp_algorithm", plan.cp_algorithm, CP_ALGORITHMS)
-    _choice("zero_impl", plan.zero_impl, ZERO_IMPLS)
     _choice("memory_format", plan.memory_format, MEMORY_FORMATS)
-    _choice("optimizer_impl", plan.optimizer_impl, OPTIMIZER_IMPLS)
-    if plan.optimizer_impl == "per-tensor" and plan.zero:
-        # ZeRO updates flat shards of the parameters, not the model's tensors one by one
-        raise PlanError("optimizer_impl per-tensor is torch.optim's loop over whole parameter tensors; ZeRO "
-                        "updates flat shards", expected="zero: 0", found=plan.zero)
-    if plan.zero_impl != "fsdp" and plan.zero != 3:
-        raise PlanError(f"zero_impl {plan.zero_impl} describes ZeRO stage 3", expected="zero: 3", found=plan.zero)
-    if plan.zero_impl == "deepspeed-0.3" and (plan.pp > 1 or plan.cp > 1 or plan.ep > 1):
-        # priced for a flat data-parallel group only (dlperf.engine.zero_impl counts one stage's tensors, dp ranks)
-        raise PlanError("zero_impl deepspeed-0.3 runs without pipeline, context or expert parallelism",
-                        expected="pp = cp = ep = 1", found=f"pp={plan.pp} cp={plan.cp} ep={plan.ep}")
-    _check_dp_impl(plan)
+    _check_impls(plan)
     _check_activation_knobs(plan)
     _check_offload(plan)
     _check_input(plan)
@@ -206,6 +194,24 @@ def _check_knobs(plan: Plan) -> None:
                               or not 1 <= value <= 1000):  # also refuses NaN and infinity
         raise PlanError("moe_imbalance", expected="a number from 1 to 1000 (busiest rank's tokens / mean)",
                         found=value)
+
+
+def _check_impls(plan: Plan) -> None:
+    """Which implementation runs the optimizer step, ZeRO stage 3 and the data-parallel allreduce: each is priced
+    for the plans its code runs."""
+    _choice("optimizer_impl", plan.optimizer_impl, OPTIMIZER_IMPLS)
+    if plan.optimizer_impl == "per-tensor" and plan.zero:
+        # ZeRO updates flat shards of the parameters, not the model's tensors one by one
+        raise PlanError("optimizer_impl per-tensor is torch.optim's loop over whole parameter tensors; ZeRO "
+                        "updates flat shards", expected="zero: 0", found=plan.zero)
+    _choice("zero_impl", plan.zero_impl, ZERO_IMPLS)
+    if plan.zero_impl != "fsdp" and plan.zero != 3:
+        raise PlanError(f"zero_impl {plan.zero_impl} describes ZeRO stage 3", expected="zero: 3", found=plan.zero)
+    if plan.zero_impl == "deepspeed-0.3" and (plan.pp > 1 or plan.cp > 1 or plan.ep > 1):
+        # priced for a flat data-parallel group only (dlperf.engine.zero_impl counts one stage's tensors, dp ranks)
+        raise PlanError("zero_impl deepspeed-0.3 runs without pipeline, context or expert parallelism",
+                        expected="pp = cp = ep = 1", found=f"pp={plan.pp} cp={plan.cp} ep={plan.ep}")
+    _check_dp_impl(plan)
 
 
 def _check_dp_impl(plan: Plan) -> None:
