@@ -24,7 +24,8 @@ PENDING_COLUMNS = ("id", "source", "model", "hardware", "unit", "measured", "wai
 @click.option("--plot", type=PlotPath(), default=None,
               help="Write a log-log parity plot (predicted vs measured, ±10% and ±25% bands) to this PNG.")
 @click.option("--max-error", type=Finite(0), default=None, metavar="PERCENT",
-              help="Exit with status 1 when the overall mean absolute error exceeds PERCENT.")
+              help="Exit with status 1 when the overall mean absolute error (over measured rows; over the "
+                   "simulated ones only when no measured row is chosen) exceeds PERCENT.")
 def validate(files: tuple[str, ...], sources: tuple[str, ...], tags: tuple[str, ...], fmt: str,
              plot: str | None, max_error: float | None) -> None:
     """Compare predictions with published measurements (the built-in dataset, or FILES in the same format).
