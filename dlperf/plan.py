@@ -30,9 +30,12 @@ RECOMPUTE_MODULES = ("layernorm", "mla_up_proj", "moe_act")
 EP_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 FP8_SCALINGS = ("delayed", "current")  # the fp8 recipe's scales: from an amax history, or from the tensor cast
 # How ZeRO stage 3 gathers and reduces (dlperf.engine.zero_impl): "fsdp", one collective per repeated block with
-# prefetch (PyTorch FSDP, the default); "deepspeed-0.3", DeepSpeed v0.3.12-v0.4.0's stage 3 (per-tensor gathers
-# through list collectives, device-wide synchronisation, bucketed gradient allreduce).
-ZERO_IMPLS = ("fsdp", "deepspeed-0.3")
+# prefetch (PyTorch FSDP, the default); "megatron-fsdp", Megatron-Core's FSDP (use_megatron_fsdp), which gathers and
+# reduces as "fsdp" does but keeps a 16-bit or FP8 model-weight shard beside the fp32 main weights
+# (dlperf.engine.memory); "deepspeed-0.3", DeepSpeed v0.3.12-v0.4.0's stage 3 (per-tensor gathers through list
+# collectives, device-wide synchronisation, bucketed gradient allreduce).
+ZERO_IMPLS = ("fsdp", "megatron-fsdp", "deepspeed-0.3")
+PER_BLOCK_ZERO_IMPLS = ("fsdp", "megatron-fsdp")  # one gather per repeated block with prefetch
 # Who runs the data-parallel gradient allreduce (dlperf.engine.horovod): "nccl", the framework calling NCCL itself
 # (PyTorch DDP's buckets, Megatron-LM); "horovod-0.19", Horovod v0.18-v0.20's background thread (5 ms negotiation
 # cycle, 64 MiB fusion buffer, TensorFlow frontend's compression casts and averaging), as NVIDIA's TensorFlow 1

@@ -70,19 +70,25 @@ def test_gpt_layer_keeps_korthikanti_table_2():
 @pytest.mark.parametrize("recipe", ["fp8", "mxfp8"])
 def test_fp8_param_gather_keeps_no_16_bit_weights(recipe):
     """Megatron-Core's fp8_param_gather makes the FP8 (MXFP8: row- and column-wise) copies the weights: per
-    parameter 2 (bf16 grads) + 12 / dp (fp32 master, moments; ZeRO 1) + 2 x operand bytes, no 2-byte weight."""
+    parameter of an FP8 layer 2 (bf16 grads) + 12 / dp (fp32 master, moments; ZeRO 1) + 2 x operand bytes, no
+    2-byte weight. The embedding, final norm and output head are not Transformer Engine modules: they keep their
+    bf16 weight and have no FP8 copy."""
     from dlperf.engine.step import StepModel
+    from dlperf.ops.fp8 import fp8_layers
     from dlperf.plan import Plan
     from dlperf.spec.hardware import load_hardware
 
     model, hw = load_model("llama3-8b", {"layers": 2, "seq": 1024}), load_hardware("dgx-b200")
+    inside = fp8_layers(model.root)
+    in_fp8 = sum(layer.params * n for layer, n in model.counted() if layer in inside)
+    outside = 2 * 128256 * 4096 + 4096  # embedding, output head, final RMSNorm (llama3-8b.yaml)
+    assert in_fp8 == model.total_params - outside
     plan = Plan(devices=8, global_batch=8, zero=1, dtype=recipe)
     plain = StepModel(model, hw).predict(plan).memory
     gathered = StepModel(model, hw).predict(plan.with_(fp8_param_gather=True)).memory
     assert plain["weights"] == pytest.approx(2 * model.total_params)
-    assert gathered["weights"] == 0
-    assert gathered["fp8_weights"] == plain["fp8_weights"] == pytest.approx(
-        2 * OPERAND_BYTES[recipe] * model.total_params)
+    assert gathered["weights"] == pytest.approx(2 * outside)
+    assert gathered["fp8_weights"] == plain["fp8_weights"] == pytest.approx(2 * OPERAND_BYTES[recipe] * in_fp8)
     assert gathered["activations"] == plain["activations"]
 
 

@@ -109,14 +109,15 @@ def test_volta_has_no_bf16_and_tf32_falls_back_to_fp32() -> None:
     [
         ("dgx-a100", 80 * GiB, 2039e9),
         ("a100-40gb", 40 * GiB, 1555e9),     # A100 datasheet, 40GB SXM column (HBM2)
-        ("dgx-h100", 80 * GiB, 3.35e12),
+        ("dgx-h100", 81559 * 2**20, 3.35e12),  # nvidia-smi (modal-labs/modal-client#2797)
         ("hgx-h200", 143155 * 2**20, 4.8e12),
         ("dgx1-v100", 16 * GiB, 900e9),
         ("dgx2-v100", 32 * GiB, 900e9),
         ("p100-roce", 16 * GiB, 732e9),
-        ("dgx-b200", 1440e9 / 8, 8e12),      # DGX B200: 1,440 GB over 8 GPUs
+        ("dgx-b200", 183359 * 2**20, 8e12),  # nvidia-smi (NVIDIA/TensorRT-LLM#10278)
         ("dgx-b300", 288e9, 8e12),           # B300 SXM 288 GB HBM3e (nvidia-smi: 275040 MiB = 288.4 GB)
-        ("gb200-nvl72", 186e9, 8e12),        # NVL72: 13.4 TB and 576 TB/s over 72 GPUs
+        ("gb200-nvl72", 189471 * 2**20, 8e12),  # nvidia-smi (aiconfigurator gb200.yaml); 576 TB/s over 72 GPUs
+        ("dgx-gb300", 284208 * 2**20, 8e12),    # nvidia-smi (aiconfigurator gb300.yaml)
         ("h800", 80 * GiB, 3.35e12),
         ("mi300x", 192 * GiB, 5.3e12),
     ],

@@ -17,7 +17,7 @@ from dlperf.commands.common import (
     set_option,
     wrote,
 )
-from dlperf.plan import DP_IMPLS, DTYPES, EP_DISPATCHERS, FP8_SCALINGS, GRAD_DTYPES, OPTIMIZER_IMPLS
+from dlperf.plan import DP_IMPLS, DTYPES, EP_DISPATCHERS, FP8_SCALINGS, GRAD_DTYPES, OPTIMIZER_IMPLS, ZERO_IMPLS
 from dlperf.report import render, to_json
 
 DTYPE_CHOICES = click.Choice(DTYPES)
@@ -39,10 +39,12 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--cp-algorithm", type=click.Choice(["ring", "ulysses"]), default="ring", show_default=True,
                      help="Context parallelism by ring attention (KV blocks passed around, overlapped) or by "
                           "Ulysses all-to-alls over heads."),
-        click.option("--zero-impl", type=click.Choice(["fsdp", "deepspeed-0.3"]), default="fsdp",
+        click.option("--zero-impl", type=click.Choice(list(ZERO_IMPLS)), default="fsdp",
                      show_default=True,
-                     help="How ZeRO-3 runs: FSDP-style per-block gathers with prefetch, or DeepSpeed v0.3's "
-                          "stage 3 (per-tensor list gathers, device-wide syncs, bucketed allreduce)."),
+                     help="How ZeRO-3 runs: PyTorch FSDP's per-block gathers with prefetch (fp32 shards), "
+                          "Megatron-Core's FSDP (the same gathers; a 16-bit or FP8 weight shard beside fp32 main "
+                          "weights), or DeepSpeed v0.3's stage 3 (per-tensor list gathers, device-wide syncs, "
+                          "bucketed allreduce)."),
         click.option("--dp-impl", type=click.Choice(list(DP_IMPLS)), default="nccl", show_default=True,
                      help="Who runs the data-parallel gradient allreduce: the framework calling NCCL (DDP, "
                           "Megatron-LM) or Horovod v0.18-v0.20's background thread (5 ms negotiation cycle, 64 MiB "

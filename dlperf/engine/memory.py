@@ -15,7 +15,7 @@ from typing import Any
 from dlperf import mathx
 from dlperf.engine.layers import element_bytes
 from dlperf.engine.stage import StageCost
-from dlperf.ops.fp8 import RECIPES, is_recipe, weight_copy_bytes
+from dlperf.ops.fp8 import OPERAND_BYTES, RECIPES, is_recipe, weight_copy_bytes
 from dlperf.plan import Plan
 from dlperf.spec.hardware import Hardware
 from dlperf.spec.model import Model
@@ -31,7 +31,7 @@ def optimizer_bytes(optimizer: str, dtype: str) -> int:
     return states + (4 if dtype in MIXED else 0)
 
 
-def model_state_bytes(params: Any, plan: Plan, dtype: str) -> dict[str, Any]:
+def model_state_bytes(params: Any, plan: Plan, dtype: str, fp8_params: Any = None) -> dict[str, Any]:
     """Weights, gradients and optimizer state per device. An FP8 recipe (Micikevicius et al. 2022, section 3:
     master weights and optimizer in higher precision) keeps bf16 weights and gradients, fp32 master weights and
     moments as mixed precision does, plus the cached FP8 copy of each weight and its transpose (dlperf.ops.fp8):
@@ -41,19 +41,56 @@ def model_state_bytes(params: Any, plan: Plan, dtype: str) -> dict[str, Any]:
     megatron/core/distributed/distributed_data_parallel_config.py @d98e8a64, lines 78-80: the layers are built
     under Transformer Engine's fp8_model_init when config.fp8_param, megatron/core/fp8_utils.py lines 848 and
     881, which Megatron-Bridge keeps equal to fp8_param_gather, training/mixed_precision.py @0a25f911 lines
-    79-85), the fp32 master weights living in the optimizer: 2 + 12 + 2 = 16 bytes."""
+    79-85), the fp32 master weights living in the optimizer: 2 + 12 + 2 = 16 bytes.
+
+    Only `fp8_params` of the `params` (default: all) have FP8 copies: the weights of the layers the recipe runs in
+    FP8 (dlperf.ops.fp8.fp8_layers; Transformer Engine quantizes its own modules' weights, and the embedding and
+    output layer are not TE modules in Megatron-Core). The others keep their 16-bit weight under fp8_param_gather
+    too. ZeRO-3 storage by implementation: _sharded_weight_bytes."""
     weight, grad = _weight_and_grad_bytes(plan, dtype)
+    fp8 = params if fp8_params is None else fp8_params
     dp = plan.data_parallel
     shard = {k: (dp if plan.zero >= level else 1) for k, level in (("opt", 1), ("grad", 2), ("weight", 3))}
-    fp8_params = is_recipe(dtype) and plan.fp8_param_gather
+    fp8_params_kept = is_recipe(dtype) and plan.fp8_param_gather
+    sixteen_bit = params - fp8 if fp8_params_kept else params
+    if _torch_fsdp_shards(plan, dtype):
+        weight, grad = 0, FP32  # the fp32 shard is the optimizer's master copy; its gradient is fp32 too
     states = {
-        "weights": 0 if fp8_params else params * weight / shard["weight"],
+        "weights": sixteen_bit * weight / shard["weight"],
         "gradients": params * grad / shard["grad"],
         "optimizer": params * optimizer_bytes(plan.optimizer, dtype) / shard["opt"],
     }
     if is_recipe(dtype):
-        states["fp8_weights"] = params * weight_copy_bytes(dtype) / shard["weight"]
+        states["fp8_weights"] = fp8 * _fp8_copy_bytes(plan, dtype) / shard["weight"]
     return states
+
+
+FP32 = 4
+
+
+def _torch_fsdp_shards(plan: Plan, dtype: str) -> bool:
+    """Whether PyTorch FSDP's ZeRO-3 holds the model states: the module stays fp32 and its sharded parameter is the
+    only copy of the weights between gathers, the optimizer's master copy, so no 16-bit shard is kept. FSDP1's
+    low-precision shard `_mp_shard` lives only around each all-gather (torch/distributed/fsdp/_flat_param.py
+    @fe03cf69, FlatParamHandle.post_unshard frees it, _free_low_precision_sharded_param); FSDP2: "FSDP ... keeps the
+    high-precision sharded parameters in memory anyway ... does not require any extra memory to keep a
+    high-precision copy of the parameters for the optimizer step" (MixedPrecisionPolicy,
+    torch/distributed/_composable/fsdp/_fsdp_api.py). FSDP1 casts the sharded gradient back to the parameter's
+    fp32 whatever dtype it was reduced in (_runtime_utils.py @3ade90a6, _cast_grad_to_param_dtype): 0 + 4 + 12 =
+    16 bytes per parameter over dp with Adam. Megatron-Core's FSDP ("megatron-fsdp") and DeepSpeed's ZeRO-3 keep a
+    16-bit (or FP8) model-weight shard beside the fp32 main weights instead (megatron_fsdp/param_and_grad_buffer.py
+    @3758b54b, model_weight_buffer and main_weight_buffer, lines 2089-2147)."""
+    return plan.zero >= 3 and plan.zero_impl == "fsdp" and dtype in MIXED
+
+
+def _fp8_copy_bytes(plan: Plan, dtype: str) -> float:
+    """Per parameter, the resident FP8 copy of a weight: TE's cached copies (dlperf.ops.fp8.weight_copy_bytes), or
+    under Megatron-Core's FSDP with fp8_param_gather its sharded FP8 weight buffer, which holds a transpose buffer
+    only for MXFP8 (fp8_need_transpose_data, megatron_fsdp/mixed_precision.py @3758b54b lines 183-185, read at
+    param_and_grad_buffer.py lines 2074-2126): per-tensor FP8 keeps 1 byte per parameter."""
+    if plan.zero >= 3 and plan.zero_impl == "megatron-fsdp" and plan.fp8_param_gather and dtype == "fp8":
+        return OPERAND_BYTES["fp8"]
+    return weight_copy_bytes(dtype)
 
 
 def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], dtype: str,
@@ -160,14 +197,18 @@ def runtime_reserve(hw: Hardware, allocated: Any) -> Any:
 def _states(stage: StageCost, plan: Plan, dtype: str) -> dict[str, Any]:
     """Model states of the heaviest stage. With context parallelism the dense states shard over dp*cp (cp ranks
     hold the same weights; Megatron-Core's distributed optimizer spans both), with expert parallelism the
-    experts' states over the expert-data-parallel group (dp*cp/ep), each by the plan's ZeRO stage."""
+    experts' states over the expert-data-parallel group (dp*cp/ep), each by the plan's ZeRO stage. The routed
+    experts sit inside the blocks, so an FP8 recipe runs them in FP8 (their share of `fp8_params`)."""
     from dlperf import mathx
 
     if plan.cp == 1 and mathx.is_zero(stage.expert_params):
-        return model_state_bytes(stage.params, plan, dtype)
+        return model_state_bytes(stage.params, plan, dtype, stage.fp8_params)
+    experts_fp8 = mathx.minimum(stage.expert_params, stage.fp8_params)
     dense = model_state_bytes(stage.params - stage.expert_params,
-                              plan.with_(dp=plan.data_parallel * plan.cp, cp=1, ep=1), dtype)
-    experts = model_state_bytes(stage.expert_params, plan.with_(dp=plan.expert_data_parallel, cp=1, ep=1), dtype)
+                              plan.with_(dp=plan.data_parallel * plan.cp, cp=1, ep=1), dtype,
+                              stage.fp8_params - experts_fp8)
+    experts = model_state_bytes(stage.expert_params, plan.with_(dp=plan.expert_data_parallel, cp=1, ep=1), dtype,
+                                experts_fp8)
     return {k: dense[k] + experts[k] for k in dense}
 
 

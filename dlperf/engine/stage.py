@@ -62,6 +62,7 @@ class StageCost:
     cp_comm_fwd: Any = 0.0          # context-parallel exchange left exposed (ring sends, Ulysses all-to-alls)
     cp_comm_bwd: Any = 0.0
     expert_params: Any = 0          # the routed experts' share of `params` when ep > 1 (reduced over edp)
+    fp8_params: Any = 0             # the share of `params` in layers an FP8 recipe runs in FP8 (cached FP8 copies)
     backward_weight: Any = 0.0      # the weight-gradient share of `backward` (DualPipe's W; see _weight_share)
     tp_comm_rerun: Any = 0.0        # the tp collectives full recomputation reruns (a part of `recompute`)
     ep_comm_rerun: Any = 0.0        # ... the expert all-to-alls it reruns
@@ -81,7 +82,7 @@ class StageCost:
         names = ("forward", "backward", "recompute", "tp_comm_fwd", "tp_comm_bwd", "params", "saved_bytes",
                  "saved_outside", "saved_blocks", "host_fwd", "host_bwd", "host_recompute", "ep_comm_fwd",
                  "ep_comm_bwd", "cp_comm_fwd", "cp_comm_bwd", "expert_params", "backward_weight", "tp_comm_rerun",
-                 "ep_comm_rerun", "cp_comm_rerun")
+                 "ep_comm_rerun", "cp_comm_rerun", "fp8_params")
         out = StageCost(**{n: getattr(self, n) + getattr(other, n) for n in names})
         for part in (self, other):
             for key, value in part.per_type.items():
@@ -216,12 +217,15 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
                 gemm["fwd"], gemm["bwd"] = gemm["fwd"] + fwd, gemm["bwd"] + bwd
             key = f"{use.layer.op}"
             out.per_type[key] = out.per_type.get(key, 0.0) + use.count * (fwd + bwd)
+        held = out.params  # what the layer adds to the device's parameters: its own, less the experts ep moves off
         if par.active:
             _add_ep_cp(out, use, batch, e, tp, recompute, par, core, hw.device)
         if tp > 1:
             _add_tp_comm(out, use, batch / par.cp, e, tp, recompute, comm_time, gemm if tp_overlap else None,
                          hw.device)
         out.params = out.params + use.count * use.layer.params / (tp if use.sharded else 1)
+        if in_fp8:
+            out.fp8_params = out.fp8_params + (out.params - held)
         saved = OPS[use.layer.op].saved(use.layer, e)
         saved = fp8_saved_bytes(use.layer, saved, e, dtype) if in_fp8 else saved
         saved = saved * batch / divisor

@@ -37,7 +37,7 @@ from dlperf.errors import PlanError
 from dlperf.ops.base import numel
 from dlperf.ops.fp8 import OPERAND_BYTES, fp8_layers, is_recipe, weight_cast_bytes
 from dlperf.ops.recompute import ActivationPolicy, norm_consumers, rerun_kernels, reruns
-from dlperf.plan import Plan, dualpipe_micro_batches_ok, validate
+from dlperf.plan import PER_BLOCK_ZERO_IMPLS, Plan, dualpipe_micro_batches_ok, validate
 from dlperf.spec.hardware import DEFAULT_CHANNELS, Hardware
 from dlperf.spec.model import Model, out_shape
 
@@ -1078,11 +1078,11 @@ def _fsdp_unsharded_grad_bytes(plan: Plan, dtype: str) -> int:
     faster. They run on FSDP's post-backward stream beside the next unit's backward kernels; they are charged as
     device time (an upper bound if a pass found idle SMs and spare HBM bandwidth beside a compute-bound GEMM).
     The sharded gradient's accumulation (3 passes over 1/dp of it) is `_grad_accumulation`'s own term.
-    zero_impl 'fsdp' also stands for Megatron-Core's FSDP (the Megatron-Bridge Llama 3 8B rows), which runs passes
+    zero_impl 'megatron-fsdp' (Megatron-Core's FSDP, the Megatron-Bridge rows) runs passes
     of the same kind (the gradient into its main-grad bucket, then `grad_data.mul_(scaling_factor)` in place,
     megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py @d98e8a64); their byte count is
     taken as PyTorch FSDP's, not read from that code."""
-    if plan.zero < 2 or plan.zero_impl != "fsdp" or plan.data_parallel * plan.cp == 1:
+    if plan.zero < 2 or plan.zero_impl not in PER_BLOCK_ZERO_IMPLS or plan.data_parallel * plan.cp == 1:
         return 0
     weight, grad = element_bytes(_weight_dtype(dtype)), element_bytes(_grad_dtype(plan, dtype))
     split = 2 * weight
