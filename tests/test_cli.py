@@ -127,3 +127,7 @@ def test_show_hardware_lists_the_rates_kernels_are_priced_at(run):
     lines = {line.split("  ")[0]: line for line in out.splitlines()}
     assert "none measured" not in lines["FlashAttention-2 bf16"] and "0.345 of peak)" in lines["FlashAttention-2 bf16"]
     assert "341.2 TFLOP/s x s / (s + 229) over s keys" in lines["FlashAttention-2 bf16"]
+    # the measured head-dim-64 rates (dlperf.ops.headdim); Blackwell's cuDNN curve has none
+    fused = lines["fused attention bf16 (cuDNN / FA3 class)"]
+    assert fused.endswith("; head dim 64 at 0.688 forward, 0.847 backward of that")
+    assert "head dim 64" not in attention

@@ -95,7 +95,11 @@ def test_more_peak_never_makes_the_p40_slower(factor: float) -> None:
                                                     ("matmul", "algorithm_choice", True, "only on a conv curve"),
                                                     ("attention_fa3", "seq_half", "long", "a number of tokens"),
                                                     ("attention_fa3", "seq_half", -5, "a number of tokens"),
-                                                    ("matmul", "seq_half", 500, "only on an attention")])
+                                                    ("matmul", "seq_half", 500, "only on an attention"),
+                                                    ("attention", "head_dim_64", [0.8], "[forward, backward]"),
+                                                    ("attention", "head_dim_64", [0.8, 1.2], "each in (0, 1]"),
+                                                    ("attention_fa3", "head_dim_64", [0.8, True], "[forward,"),
+                                                    ("matmul", "head_dim_64", [0.8, 0.9], "only on an attention")])
 def test_curve_option_bad_input_is_one_clear_error(cls: str, key: str, value: object, expected: str) -> None:
     data = load_yaml_file(data_dir("hardware") / "p40-pcie.yaml")
     data["device"]["efficiency"][cls] = {"peak": 0.5, key: value, "source": "test"}

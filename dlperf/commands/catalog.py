@@ -90,8 +90,10 @@ def _efficiency_rows(device) -> list[dict[str, str]]:  # noqa: ANN001 - Device, 
     def rate(cls: str, dtype: str) -> str:
         eff = device.eff(cls, dtype)
         length = f" x s / (s + {eff.seq_half:g}) over s keys" if eff.seq_half else ""
+        head = (f"; head dim 64 at {eff.head_dim_64[0]:g} forward, {eff.head_dim_64[1]:g} backward of that"
+                if eff.head_dim_64 else "")
         return (f"{format_quantity(eff.peak * device.peak(dtype), 'flop_rate')}{length} "
-                f"({eff.peak:.3f} of peak{_borrowed(device, cls, dtype)})")
+                f"({eff.peak:.3f} of peak{_borrowed(device, cls, dtype)}){head}")
 
     rows = [{"item": f"GEMM rate {dt}", "value": rate("matmul", dt)} for dt in device.peak_flops]
     if "bf16" in device.peak_flops:

@@ -16,6 +16,7 @@ from typing import Any
 
 from dlperf import mathx
 from dlperf.ops.base import Kernel
+from dlperf.ops.headdim import head_dim_rate
 from dlperf.spec.hardware import Device, Efficiency
 
 # tensor-core kernels, timed at the dtype's peak
@@ -143,16 +144,29 @@ def _grouped_quantization(groups: Any, batch: Any, shape: tuple[Any, Any, Any], 
 def compute_stretch(kernel: Kernel, device: Device, dtype: str, divisor: Any, tp_dim: str | None) -> tuple[Any, Any]:
     """(forward, backward) factors (>= 1) on a kernel's compute time: its GEMM tile and wave quantization times
     the implementation's own `slowdown` against its class's curve, times a fused attention kernel's sequence
-    term (s + seq_half) / s (Efficiency.seq_half: a short key loop amortizes each query block's fixed cost less)."""
+    term (s + seq_half) / s (Efficiency.seq_half: a short key loop amortizes each query block's fixed cost less)
+    and its head-dim term (head_dim_stretch)."""
     q_fwd, q_bwd = gemm_quantization(kernel, device, dtype, divisor, tp_dim)
     seq = sequence_stretch(kernel, device, dtype)
-    return q_fwd * kernel.slowdown[0] * seq, q_bwd * kernel.slowdown[1] * seq
+    hd_fwd, hd_bwd = head_dim_stretch(kernel, device, dtype)
+    return q_fwd * kernel.slowdown[0] * seq * hd_fwd, q_bwd * kernel.slowdown[1] * seq * hd_bwd
 
 
 def sequence_stretch(kernel: Kernel, device: Device, dtype: str) -> Any:
     """(s + seq_half) / s for a fused attention kernel over s keys on a curve with a sequence term, else 1."""
     half = compute_efficiency(device, kernel.cls, dtype).seq_half if kernel.seq is not None else 0.0
     return (kernel.seq + half) / kernel.seq if half else 1.0
+
+
+def head_dim_stretch(kernel: Kernel, device: Device, dtype: str) -> tuple[Any, Any]:
+    """(forward, backward) time of a fused attention kernel at its head dim over the time its curve, measured at
+    head dim 128, gives: 1 / dlperf.ops.headdim.head_dim_rate with the head-dim-64 rates of the curve the device
+    prices the kernel at (Efficiency.head_dim_64); 1 for every other kernel, on a curve without them, and at head
+    dim 128 and above."""
+    if kernel.head_dim is None:
+        return 1.0, 1.0
+    fwd, bwd = head_dim_rate(compute_efficiency(device, kernel.cls, dtype).head_dim_64, kernel.head_dim)
+    return 1 / fwd, 1 / bwd
 
 
 def kernel_times(kernel: Kernel, device: Device, dtype: str, divisor: Any = 1,

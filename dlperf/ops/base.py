@@ -82,6 +82,7 @@ class Kernel:
     bwd_framework_ops: Any = None
     slowdown: tuple[float, float] = (1.0, 1.0)
     seq: Any = None  # a fused attention kernel: the key length its query blocks loop over (curve's seq_half)
+    head_dim: Any = None  # a fused attention kernel: its head dim, for its curve's rate there (dlperf.ops.headdim)
     syncs: Any = 0
 
     @property

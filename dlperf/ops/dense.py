@@ -336,14 +336,19 @@ def _flash_kernel(layer: Layer, core: Cost, qkv_bytes: Any, out_bytes: Any, reco
     flash_attn_triton.py): the FlashAttention-2 curve stretched by TRITON_SLOWDOWN per pass. That ratio was
     measured on an A100; on an H100 it is carried over, both kernels running there without Hopper's own
     instructions (FlashAttention-2 "using no special instructions", Dao 2023 section 4.1; the Triton kernel is
-    compiled by the pre-MLIR Triton, which predates Hopper's wgmma)."""
+    compiled by the pre-MLIR Triton, which predates Hopper's wgmma).
+
+    The curves are measured at head dim 128; the kernel carries its head dim for the rate the curve's family runs
+    at another (dlperf.ops.headdim; none for the Triton kernel, whose slowdown was read over head dims 64 and 128)."""
     skip, model_scale, keys = _flash_skip(layer)
     flops = (core.fwd_flops / skip, core.bwd_data_flops / skip, core.bwd_weight_flops)
     fused = Cost(*flops, fwd_bytes=qkv_bytes + out_bytes, bwd_bytes=2 * qkv_bytes + 2 * out_bytes,
                  depth=core.depth, bwd_depth=core.bwd_depth)
     cls = "attention_fa3" if layer["flash_version"] == 3 and not layer["triton"] else "attention"
+    triton = bool(layer["triton"])
     return Kernel("flash_attention", cls, fused, bwd_recompute_flops=recompute / skip, model_work_scale=model_scale,
-                  slowdown=TRITON_SLOWDOWN if layer["triton"] else (1.0, 1.0), seq=keys)
+                  slowdown=TRITON_SLOWDOWN if triton else (1.0, 1.0), seq=keys,
+                  head_dim=None if triton else layer["head_dim"])
 
 
 # flash-attn's padding helpers (Dao-AILab/flash-attention flash_attn/bert_padding.py @v2.4.2), as llm-foundry's MPT

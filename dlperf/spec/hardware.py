@@ -16,7 +16,8 @@ class, derived when absent, see link_kind) and `nvls_bandwidth` (measured NVLink
 
 Optional device keys: `launch_latency`, `efficiency` (per kernel class: peak, half or startup, source; a conv
 curve fitted per direct FLOP to a library's chosen algorithms may say `algorithm_choice: true`; an attention curve
-may give `seq_half`, its n_1/2 in keys), and what the runtime keeps for itself, so that "fits" means it fits:
+may give `seq_half`, its n_1/2 in keys, and `head_dim_64`, its forward and backward rate at head dim 64 over head dim
+128's), and what the runtime keeps for itself, so that "fits" means it fits:
 
     memory_reserved: 1 GiB        # fixed per device: CUDA context, communication buffers (default below)
     memory_fragmentation: 0.05    # fraction of the allocated bytes lost to the caching allocator's fragmentation
@@ -176,6 +177,10 @@ class Efficiency:
     # kernel over s keys runs at peak * s / (s + seq_half) (each block's prologue and epilogue against a loop that
     # grows with s; fitted to a per-length table such as dlperf/data/kernels/cudnn-*-sdpa-*.csv). 0: no term.
     seq_half: float = 0.0
+    # fused-attention curves only, all measured at head dim 128: (forward, backward) rate of the kernel at head dim
+    # 64 over its rate at 128, from a benchmark that times both (dlperf.ops.headdim interpolates between them).
+    # None: head dim 64 not measured for this curve's kernel on this device, and no head-dim term.
+    head_dim_64: tuple[float, float] | None = None
     # conv curves only: fitted per direct-convolution FLOP (2*N*K*P*Q*C*R*S) to timings of whatever algorithm the
     # library chose (DeepBench's cuDNN tables: implicit GEMM, Winograd, FFT), so the curve already holds cuDNN's
     # choice; `auto` then prices the direct form on it instead of re-deriving Winograd/FFT savings on top.
@@ -341,7 +346,8 @@ MAX_HOST_SPEED = 100.0  # single-thread speed over the reference CPU; more is a 
 MIN_HOST_SPEED = 1 / MAX_HOST_SPEED  # and less: 1e-300 priced a launch at 1e295 s, 5e-324 at infinity (NaN steps)
 _LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "link",
                "nvls_bandwidth", "source")
-_EFF_KEYS = ("peak", "half", "startup", "source", "tile", "tile_overhead_k", "algorithm_choice", "seq_half", "dtypes")
+_EFF_KEYS = ("peak", "half", "startup", "source", "tile", "tile_overhead_k", "algorithm_choice", "seq_half",
+             "head_dim_64", "dtypes")
 
 
 def _quantity(node: dict, key: str, kind: str, file: str, where: str) -> float:
@@ -423,7 +429,9 @@ def _curve(curve: Any, cls: str, file: str, here: str) -> Efficiency:
     overhead = _positive_int(curve, "tile_overhead_k", file, here) if "tile_overhead_k" in curve else 128
     choice = _algorithm_choice(curve, cls, file, here) if "algorithm_choice" in curve else False
     seq_half = _seq_half(curve, cls, file, here) if "seq_half" in curve else 0.0
+    head_dim_64 = _head_dim_64(curve, cls, file, here) if "head_dim_64" in curve else None
     return Efficiency(peak, half, str(curve.get("source", "")), startup, tile, overhead, seq_half=seq_half,
+                      head_dim_64=head_dim_64,
                       algorithm_choice=choice)
 
 
@@ -436,6 +444,18 @@ def _seq_half(curve: dict, cls: str, file: str, here: str) -> float:
         raise SpecError(expected="a number of tokens, 0 to 1e6", found=value, file=file,
                         line=line_of(curve, "seq_half"), field=where)
     return float(value)
+
+
+def _head_dim_64(curve: dict, cls: str, file: str, here: str) -> tuple[float, float]:
+    value, where, line = curve["head_dim_64"], field_name(here, "head_dim_64"), line_of(curve, "head_dim_64")
+    if cls not in ("attention", "attention_fa3"):
+        raise SpecError(expected="head_dim_64 only on an attention or attention_fa3 curve", found=f"on {cls}",
+                        file=file, line=line, field=where)
+    if not (isinstance(value, list) and len(value) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1 for v in value)):
+        raise SpecError(expected="[forward, backward] rate at head dim 64 over head dim 128's, each in (0, 1]",
+                        found=value, file=file, line=line, field=where)
+    return float(value[0]), float(value[1])
 
 
 def _algorithm_choice(curve: dict, cls: str, file: str, here: str) -> bool:
