@@ -29,6 +29,10 @@ RECOMPUTE_MODULES = ("layernorm", "mla_up_proj", "moe_act")
 # ways, legs overlapped as DeepEP's, 32 SMs: dlperf.engine.context.HYBRIDEP_SMS).
 EP_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 FP8_SCALINGS = ("delayed", "current")  # the fp8 recipe's scales: from an amax history, or from the tensor cast
+# Which MXFP8 GEMM operands have their scales swizzled for cuBLASLt by kernels of their own (dlperf.ops.fp8._SWIZZLED):
+# "quantize", Transformer Engine >= 2.12 (the quantizers write activations' and gradients' scales swizzled; weights
+# and sequence-parallel gathers are swizzled per GEMM); "gemm", Transformer Engine < 2.12 (both operands of every GEMM).
+MX_SWIZZLES = ("quantize", "gemm")
 # How ZeRO stage 3 gathers and reduces (dlperf.engine.zero_impl): "fsdp", one collective per repeated block with
 # prefetch (PyTorch FSDP, the default); "megatron-fsdp", Megatron-Core's FSDP (use_megatron_fsdp), which gathers and
 # reduces as "fsdp" does but keeps a 16-bit or FP8 model-weight shard beside the fp32 main weights
@@ -91,6 +95,7 @@ class Plan:
     tp_overlap: bool = False             # tp all-gather/reduce-scatter pipelined with the GEMMs (needs SP)
     fp8_param_gather: bool = False       # ZeRO parameter all-gathers in FP8 (needs dtype fp8)
     fp8_scaling: str = "delayed"         # how the fp8 recipe takes its scales (FP8_SCALINGS)
+    mx_swizzle: str = "quantize"         # which mxfp8 GEMM operands are swizzled by kernels of their own (MX_SWIZZLES)
     ep: int = 1                          # expert parallelism: experts sharded over ep ranks of the dp*cp group
     cp: int = 1                          # context parallelism: each sequence split over cp ranks
     cp_algorithm: str = "ring"           # ring attention (KV passed around) or ulysses (all-to-all over heads)
@@ -255,6 +260,10 @@ def _check_activation_knobs(plan: Plan) -> None:
     if plan.fp8_scaling != "delayed" and plan.dtype != "fp8":
         raise PlanError(f"--fp8-scaling {plan.fp8_scaling} is how the per-tensor FP8 recipe scales (mxfp8 and nvfp4 "
                         "carry block scales)", expected="--dtype fp8", found=plan.dtype)
+    _choice("mx_swizzle", plan.mx_swizzle, MX_SWIZZLES)
+    if plan.mx_swizzle != "quantize" and plan.dtype != "mxfp8":
+        raise PlanError(f"--mx-swizzle {plan.mx_swizzle} is how the MXFP8 recipe lays out its block scales",
+                        expected="--dtype mxfp8", found=plan.dtype)
     if plan.ep_dispatcher != "alltoall" and plan.ep == 1:
         raise PlanError(f"--ep-dispatcher {plan.ep_dispatcher} moves expert tokens: it needs ep > 1", found=plan.ep)
 

@@ -148,13 +148,51 @@ def test_mxfp8_operands_carry_one_scale_byte_per_32_elements() -> None:
     """MXFP8's quantize writes a row-wise and a column-wise FP8 copy, each with an E8M0 scale per 32 values: the
     per-tensor recipe's traffic plus 2/32 byte per element; the GEMM's FLOPs and rate class are the same."""
     x = gemm("gemm", 4096, 2048, 8192, 2)
-    (cast, main), (mx_cast, mx_main) = fp8_kernels([x], 2), fp8_kernels([x], 2, "mxfp8")
+    (cast, main), (mx_cast, mx_main, _) = fp8_kernels([x], 2), fp8_kernels([x], 2, "mxfp8")
     assert mx_main.cls == main.cls == FP8_GEMM and mx_main.cost.work == main.cost.work
     assert kernel_dtype(mx_main, "mxfp8") == "mxfp8" and kernel_dtype(mx_cast, "mxfp8") == "bf16"
     assert mx_cast.cost.fwd_bytes - cast.cost.fwd_bytes == pytest.approx(2 / 32 * 4096 * 2048)
     assert mx_cast.cost.bwd_bytes - cast.cost.bwd_bytes == pytest.approx(2 / 32 * 4096 * 8192)
     # forward reads X and W in FP8: each element one byte and 1/32 of a scale byte
     assert mx_main.cost.fwd_bytes - main.cost.fwd_bytes == pytest.approx((4096 * 2048 + 2048 * 8192) / 32)
+
+
+def test_mxfp8_swizzles_scales_per_gemm_as_transformer_engine_does() -> None:
+    """Before cuBLASLt reads MXFP8 scales, Transformer Engine swizzles them in a kernel per operand: under TE < 2.12
+    ("gemm") both operands of all three GEMMs (forward X, W; data gradient dY, W; weight gradient X, dY), from 2.12
+    ("quantize") only the weight (forward and data gradient), plus the operand sequence parallelism gathers
+    (column-parallel: X in the forward and weight-gradient GEMMs; row-parallel: dY in the two backward GEMMs).
+    Each reads and writes 1 scale byte per 32 elements; a grouped GEMM swizzles each operand list in one launch."""
+    from dlperf.ops.moe import grouped_gemm
+
+    m, k, n, g = 4096, 2048, 8192, 16
+    x, w, dy = m * k, k * n, m * n
+
+    def swizzle(kernel, mode, sp_dim=None):
+        out = fp8_kernels([kernel], 2, "mxfp8", swizzle=mode, sp_dim=sp_dim)[2]
+        assert out.cls == "memory" and out.host_ops == (0, 0)
+        return out.phase_launches, out.cost.fwd_bytes * 32 / 2, out.cost.bwd_bytes * 32 / 2
+
+    dense = gemm("gemm", m, k, n, 2)
+    assert swizzle(dense, "gemm") == ((2, 4), x + w, dy + w + x + dy)
+    assert swizzle(dense, "quantize") == ((1, 1), w, w)
+    assert swizzle(dense, "quantize", "n") == ((2, 2), w + x, w + x)       # column-parallel, SP gathers X
+    assert swizzle(dense, "quantize", "k") == ((1, 3), w, w + 2 * dy)      # row-parallel, SP gathers dY
+    assert swizzle(dense, "gemm", "n") == swizzle(dense, "gemm")          # TE < 2.12 swizzles them anyway
+    grouped = grouped_gemm("up", m, k, n, 2, g, "n")
+    assert swizzle(grouped, "gemm") == ((2, 4), x + g * w, dy + g * w + x + dy)
+    assert swizzle(grouped, "quantize") == ((1, 1), g * w, g * w)
+    assert len(fp8_kernels([dense], 2, "fp8")) == len(fp8_kernels([dense], 2, "nvfp4")) == 2  # MXFP8's alone
+
+
+def test_mx_swizzle_gemm_slows_an_mxfp8_step_and_needs_mxfp8() -> None:
+    """TE < 2.12's extra swizzles (four more per linear layer and micro-batch) make the same MXFP8 step slower;
+    the knob describes MXFP8's scales, so other dtypes refuse it."""
+    hw, model = load_hardware("dgx-b200"), load_model("llama3-8b", {"layers": 2, "seq": 4096})
+    plan = Plan(devices=1, global_batch=4, micro_batch=2, dtype="mxfp8")
+    assert predict(model, hw, plan.with_(mx_swizzle="gemm")).step_time_s > predict(model, hw, plan).step_time_s
+    with pytest.raises(PlanError, match="--mx-swizzle gemm is how the MXFP8 recipe lays out its block scales"):
+        predict(model, hw, plan.with_(dtype="fp8", mx_swizzle="gemm"))
 
 
 def test_mxfp8_takes_the_fp8_curve_until_one_is_measured() -> None:

@@ -17,7 +17,16 @@ from dlperf.commands.common import (
     set_option,
     wrote,
 )
-from dlperf.plan import DP_IMPLS, DTYPES, EP_DISPATCHERS, FP8_SCALINGS, GRAD_DTYPES, OPTIMIZER_IMPLS, ZERO_IMPLS
+from dlperf.plan import (
+    DP_IMPLS,
+    DTYPES,
+    EP_DISPATCHERS,
+    FP8_SCALINGS,
+    GRAD_DTYPES,
+    MX_SWIZZLES,
+    OPTIMIZER_IMPLS,
+    ZERO_IMPLS,
+)
 from dlperf.report import render, to_json
 
 DTYPE_CHOICES = click.Choice(DTYPES)
@@ -124,6 +133,10 @@ def plan_options(fn: Callable) -> Callable:
                      help="With --dtype fp8: scales from an amax history (Transformer Engine's DelayedScaling) or "
                           "from each tensor as it is cast (Float8CurrentScaling, Megatron-Bridge's FP8-CS: an amax "
                           "pass and a scale kernel before every cast, per expert in a grouped GEMM)."),
+        click.option("--mx-swizzle", type=click.Choice(list(MX_SWIZZLES)), default="quantize", show_default=True,
+                     help="With --dtype mxfp8: which GEMM operands have their block scales swizzled for cuBLASLt by "
+                          "kernels of their own: the weights and sequence-parallel gathers (Transformer Engine >= "
+                          "2.12) or both operands of every GEMM (gemm: Transformer Engine < 2.12)."),
         click.option("--compression", default="none", show_default=True,
                      help="Gradient compression: none, fp16, int8, 1bit, terngrad, qsgd:S, topk:FRACTION."),
         click.option("--consistency", type=click.Choice(["sync", "ssp", "async"]), default="sync",
@@ -169,6 +182,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         parameter_server=opts.get("parameter_server", 0), optimizer=opts.get("optimizer", "adam"),
         hybrid_fc=opts.get("hybrid_fc", False), tp_overlap=opts.get("tp_overlap", False),
         fp8_param_gather=opts.get("fp8_param_gather", False), fp8_scaling=opts.get("fp8_scaling") or "delayed",
+        mx_swizzle=opts.get("mx_swizzle") or "quantize",
         dtype=opts.get("dtype"), grad_dtype=opts.get("grad_dtype"),
         ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
         moe_imbalance=opts.get("moe_imbalance"), ep_overlap=opts.get("ep_overlap", False),

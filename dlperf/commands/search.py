@@ -253,7 +253,8 @@ def _closed_form_lines(spec: Any, hw: Any, plan: Any, dtype: str) -> list[str]:
     from dlperf.engine.symbolic import elasticities
     from dlperf.units import format_quantity
 
-    forms = elasticities(spec, hw, dtype, plan.micro, plan.memory_format == "nchw", plan.fp8_scaling)
+    forms = elasticities(spec, hw, dtype, plan.micro, plan.memory_format == "nchw", plan.fp8_scaling,
+                         plan.mx_swizzle)
     lines = [f"closed form T(B) (one device, forward+backward of a micro-batch, B = {plan.micro}: "
              f"{format_quantity(forms['T_value'], 'time')}; `dlperf predict --symbolic` prints it), its derivatives:"]
     lines += [f"  d ln T / d ln {label:<26} = {value:+.3f}" for label, value in forms.items() if label != "T_value"]

@@ -143,7 +143,8 @@ class StepModel:
         """(every stage's cost, the slowest stage, the most parameters on one device, the largest activation
         crossing a stage boundary per sample)."""
         key = (plan.tp, plan.pp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.hybrid_fc,
-               plan.data_parallel, plan.tp_overlap, plan.memory_format, plan.fp8_scaling, *_ep_cp_key(plan),
+               plan.data_parallel, plan.tp_overlap, plan.memory_format, plan.fp8_scaling, plan.mx_swizzle,
+               *_ep_cp_key(plan),
                *_acts_key(plan))
         if key not in self._stages and plan.hybrid_fc:
             part = self._hybrid_fc(plan, dtype, e)
@@ -212,7 +213,7 @@ class StepModel:
 
     def _cost_of(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
         key = (tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap,
-               plan.memory_format, plan.fp8_scaling, *_ep_cp_key(plan), *_acts_key(plan))
+               plan.memory_format, plan.fp8_scaling, plan.mx_swizzle, *_ep_cp_key(plan), *_acts_key(plan))
         if key not in self._cost:
             uses_key = (tuple(nodes), plan.sequence_parallel)
             if uses_key not in self._uses:
@@ -221,7 +222,7 @@ class StepModel:
                                          plan.sequence_parallel, plan.recompute, self._tp_comm(plan.tp),
                                          self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan),
                                          self._kernel_times, self._policy(plan), plan.memory_format == "nchw",
-                                         plan.fp8_scaling)
+                                         plan.fp8_scaling, plan.mx_swizzle)
         return self._cost[key]
 
     def _policy(self, plan: Plan) -> ActivationPolicy | None:

@@ -26,6 +26,9 @@ transpose of the quantized one: TE keeps a row-wise and a column-wise copy, each
 with its own scales (TE user guide, "Performance considerations: handling transposes", tensor usages) -- the two
 outputs Hopper's cast_transpose writes, plus the scales. The block amax is taken inside the quantize kernel, priced
 as the per-tensor recipe's amax is (CAST_FLOPS).
+cuBLASLt's block-scaled GEMMs read the scales in a tiled ("swizzled") layout, not the row-major one the quantizer
+writes, so Transformer Engine swizzles an operand's scales in a kernel of its own (nvte_swizzle_scaling_factors) before
+the GEMM reads them, into a fresh buffer each time (nothing is cached on the tensor): mx_swizzle_kernel.
 
 NVFP4 (`--dtype nvfp4`) is Transformer Engine's NVFP4BlockScaling recipe (transformer_engine/common/recipe/__init__.py
 @71bbefbf, the TE Megatron-Bridge @0a25f911 pins; NVIDIA, "Pretraining Large Language Models with NVFP4",
@@ -74,6 +77,28 @@ READS = {"fp8": 1, "mxfp8": 1, "nvfp4": 2}
 # transformer_engine/pytorch/csrc/quantizer.cpp and common/recipe/current_scaling.cu, NVIDIA/TransformerEngine
 # v2.9 @70f53666, the same through v2.13).
 QUANTIZE_LAUNCHES = {"delayed": 1, "current": 4}
+# Which MXFP8 GEMM operands get their scales swizzled by a kernel of their own before each GEMM (plan `mx_swizzle`,
+# dlperf.plan.MX_SWIZZLES), as (pass, operand) pairs: a linear layer's forward GEMM reads the input X and the weight
+# W row-wise, its data-gradient GEMM the output gradient dY row-wise and W column-wise, its weight-gradient GEMM X and
+# dY column-wise.
+# - "gemm": Transformer Engine before 2.12 swizzles both operands of every GEMM: general_gemm calls
+#   swizzle_scaling_factors on A and on B, one nvte_swizzle_scaling_factors each, and a grouped GEMM one
+#   nvte_multi_tensor_swizzle_scaling_factors for A's and one for B's list (te_general_grouped_gemm:
+#   multi_tensor_swizzle_scaling_factors), transformer_engine/pytorch/csrc/extensions/gemm.cpp and csrc/util.cpp,
+#   NVIDIA/TransformerEngine v2.9 @70f53666 (the Megatron-Bridge 25.11 pins; the same through v2.11).
+# - "quantize": from 2.12 (99df88106, "Add logic for block-scaled tensors with GEMM swizzled scales", #2486) Linear,
+#   LayerNormLinear, LayerNormMLP and GroupedLinear set optimize_for_gemm on their input and output-gradient
+#   quantizers, whose kernels then write the scales already swizzled (with_gemm_swizzled_scales), except for the
+#   operand sequence parallelism all-gathers: a column-parallel layer's input, a row-parallel layer's output
+#   gradient (`if not (self.parallel_mode == "column" and self.sequence_parallel)`, module/linear.py
+#   _get_quantizers). The weights' quantizer is left alone, so swizzle_scales_for_gemm still swizzles the weight's
+#   scales before the forward and the data-gradient GEMM (csrc/extensions/swizzle.cpp and gemm.cpp @71bbefbf, the
+#   Megatron-Bridge 26.02 pins; the same in release_v2.15).
+_SWIZZLED = {
+    "gemm": {"X": ("fwd", "bwd"), "W": ("fwd", "bwd"), "dY": ("bwd", "bwd")},
+    "quantize": {"W": ("fwd", "bwd")},
+}
+_GATHERED = {"n": {"X": ("fwd", "bwd")}, "k": {"dY": ("bwd", "bwd")}}  # column-, row-parallel under SP
 
 
 def is_recipe(dtype: str | None) -> bool:
@@ -118,11 +143,14 @@ def kernel_dtype(kernel: Kernel, dtype: str) -> str:
     return storage_dtype(dtype)
 
 
-def fp8_kernels(kernels: list[Kernel], e: int, recipe: str = "fp8", scaling: str = "delayed") -> list[Kernel]:
-    """Each weight GEMM becomes its operand casts and an FP8 GEMM; other kernels are unchanged, and so is a GEMM
-    whose precision the layer pins (a MoE router: Megatron-Core computes it with torch's linear outside Transformer
-    Engine's fp8_autocast, router.py TopKRouter.gating @92c8482e). `scaling` is the `fp8` recipe's
-    (dlperf.plan.FP8_SCALINGS); the block-scaled recipes have their own."""
+def fp8_kernels(kernels: list[Kernel], e: int, recipe: str = "fp8", scaling: str = "delayed",
+                swizzle: str = "quantize", sp_dim: str | None = None) -> list[Kernel]:
+    """Each weight GEMM becomes its operand casts and an FP8 GEMM (MXFP8: and its scale swizzles); other kernels
+    are unchanged, and so is a GEMM whose precision the layer pins (a MoE router: Megatron-Core computes it with
+    torch's linear outside Transformer Engine's fp8_autocast, router.py TopKRouter.gating @92c8482e). `scaling` is
+    the `fp8` recipe's (dlperf.plan.FP8_SCALINGS), `swizzle` the `mxfp8` recipe's (dlperf.plan.MX_SWIZZLES);
+    `sp_dim` is the layer's tensor-parallel dimension when sequence parallelism gathers its operands (None: it
+    does not)."""
     out: list[Kernel] = []
     b, reads, rht = OPERAND_BYTES[recipe], READS[recipe], RHT_FLOPS if recipe == "nvfp4" else 0
     for kernel in kernels:
@@ -133,7 +161,38 @@ def fp8_kernels(kernels: list[Kernel], e: int, recipe: str = "fp8", scaling: str
         launches = quantize_launches(recipe, scaling, kernel.weight_groups)
         out += [_cast_kernel(f"{kernel.name}_fp8_cast", m * k, m * n, e, b, reads, rht, launches),
                 _fp8_gemm(kernel, m, k, n, e, b)]
+        if recipe == "mxfp8":
+            gathered = (kernel.tp_dim or sp_dim) if sp_dim and kernel.split and not kernel.expert else None
+            out.append(mx_swizzle_kernel(kernel, swizzle, gathered))
     return out
+
+
+def swizzled_operands(swizzle: str, gathered: str | None = None) -> dict[str, tuple[str, ...]]:
+    """The MXFP8 operands (X, W, dY) whose scales a linear layer's three GEMMs swizzle in kernels of their own,
+    each with the passes that do (one entry per GEMM): _SWIZZLED under `swizzle`, plus under "quantize" the
+    operand that sequence parallelism gathers (`gathered`: the layer's tensor-parallel dimension, n or k)."""
+    operands = dict(_SWIZZLED[swizzle])
+    if swizzle == "quantize" and gathered in _GATHERED:
+        operands.update(_GATHERED[gathered])
+    return operands
+
+
+def mx_swizzle_kernel(kernel: Kernel, swizzle: str, gathered: str | None = None) -> Kernel:
+    """The scale swizzles before an MXFP8 weight GEMM's forward and backward GEMMs (swizzled_operands): each reads
+    an operand's scales and writes the swizzled copy, 2 bytes per MX_BLOCK elements of the operand, in one launch
+    (a grouped GEMM's operand list too: nvte_multi_tensor_swizzle_scaling_factors). Issued from C++ inside the
+    GEMM's own call, so no framework operator of its own."""
+    m, k, n = kernel.weight_gemm
+    size = {"X": m * k, "W": kernel.weight_groups * k * n, "dY": m * n}
+    nbytes = {"fwd": 0, "bwd": 0}
+    launches = {"fwd": 0, "bwd": 0}
+    for operand, passes in swizzled_operands(swizzle, gathered).items():
+        for phase in passes:
+            nbytes[phase] = nbytes[phase] + 2 * size[operand] / MX_BLOCK
+            launches[phase] += 1
+    return Kernel(f"{kernel.name}_mx_swizzle", "memory",
+                  Cost(fwd_bytes=nbytes["fwd"], bwd_bytes=nbytes["bwd"], depth=1, bwd_depth=1),
+                  launches=launches["fwd"], bwd_launches=launches["bwd"], framework_ops=0, bwd_framework_ops=0)
 
 
 def quantize_launches(recipe: str, scaling: str, groups: Any = 1) -> Any:
