@@ -195,6 +195,21 @@ def test_mx_swizzle_gemm_slows_an_mxfp8_step_and_needs_mxfp8() -> None:
         predict(model, hw, plan.with_(dtype="fp8", mx_swizzle="gemm"))
 
 
+def test_mxfp8_param_gather_moves_bf16_weights() -> None:
+    """Megatron-Core keeps no MXFP8 parameter buffer: under fp8_param_gather it all-gathers bf16 weights through
+    the gradient buffer and quantizes them on copy, so MXFP8's gather moves 2 bytes per parameter (FP8's 1,
+    NVFP4's 0.5 + 1/16) and prices as the 16-bit gather does."""
+    from dlperf.ops.fp8 import param_gather_bytes
+
+    assert [param_gather_bytes(d) for d in ("fp8", "mxfp8", "nvfp4")] == [1, 2, 0.5 + 1 / 16]
+    hw, model = load_hardware("dgx-b200"), load_model("llama3-8b", {"layers": 2, "seq": 4096})
+    plan = Plan(devices=8, global_batch=16, micro_batch=2, zero=1, dtype="mxfp8")
+    gathered = predict(model, hw, plan.with_(fp8_param_gather=True)).breakdown_s["comm/dp_allreduce"]
+    assert gathered == pytest.approx(predict(model, hw, plan).breakdown_s["comm/dp_allreduce"])
+    fp8 = predict(model, hw, plan.with_(dtype="fp8", fp8_param_gather=True)).breakdown_s["comm/dp_allreduce"]
+    assert fp8 < gathered
+
+
 def test_mxfp8_takes_the_fp8_curve_until_one_is_measured() -> None:
     from dlperf.spec.hardware import Efficiency
 

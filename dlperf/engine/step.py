@@ -35,7 +35,7 @@ from dlperf.engine.straggler import straggler_factor
 from dlperf.engine.work import model_cost
 from dlperf.errors import PlanError
 from dlperf.ops.base import numel
-from dlperf.ops.fp8 import OPERAND_BYTES, fp8_layers, is_recipe, weight_cast_bytes
+from dlperf.ops.fp8 import fp8_layers, is_recipe, param_gather_bytes, weight_cast_bytes
 from dlperf.ops.recompute import ActivationPolicy, norm_consumers, rerun_kernels, reruns
 from dlperf.plan import PER_BLOCK_ZERO_IMPLS, Plan, dualpipe_micro_batches_ok, validate
 from dlperf.spec.hardware import DEFAULT_CHANNELS, Hardware
@@ -812,9 +812,9 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
                                              window, overlap, stolen)
     reduce = comm.collective_time("reduce_scatter", grad_bytes, group, hw)
     # FP8 parameter all-gather (Megatron-LM --fp8-param-gather; torchtitan/FSDP2 enable_fsdp_float8_all_gather):
-    # the sharded parameters travel as their FP8 casts, one byte each (MXFP8: with their block scales)
-    gather = comm.collective_time("allgather", params * OPERAND_BYTES[dtype] if plan.fp8_param_gather else weight_bytes,
-                                  group, hw)
+    # the sharded parameters travel as their FP8 casts, one byte each (MXFP8: in bf16, param_gather_bytes)
+    gather = comm.collective_time("allgather", params * param_gather_bytes(dtype) if plan.fp8_param_gather
+                                  else weight_bytes, group, hw)
     if plan.zero == 1:
         return reduce + gather, hidden_behind(reduce, window, last_bucket) + gather, 0.0, 0.0
     # ZeRO-2: gradients are kept as shards, so every micro-batch's backward reduce-scatters them

@@ -112,6 +112,17 @@ def weight_cast_bytes(dtype: str) -> float:
     return 2 * READS[dtype] + 2 * OPERAND_BYTES[dtype]
 
 
+def param_gather_bytes(dtype: str) -> float:
+    """Bytes per parameter the distributed optimizer all-gathers under `fp8_param_gather`: the FP8 (NVFP4) weight
+    itself, but under MXFP8 bf16. Megatron-Core keeps no MXFP8 parameter buffer: it all-gathers the updated
+    weights in bf16 through a buffer it shares with the gradients, then copies each into its MXFP8 parameter, which
+    quantizes it ("For MXFP8 param: Create a shared buffer for param AG and grad RS", param_and_grad_buffer.py
+    lines 726-742; "The paramaters are cast from bf16 to MXFP8 during copy", distributed_data_parallel.py line 507,
+    NVIDIA/Megatron-LM @92c8482e, the Megatron-Bridge 25.11 pin; the same at @3758b54b, the 26.02 pin). That
+    copy is the per-step weight cast (weight_cast_bytes)."""
+    return BYTES_PER_ELEMENT["bf16"] if dtype == "mxfp8" else OPERAND_BYTES[dtype]
+
+
 def weight_copy_bytes(dtype: str) -> float:
     """Per parameter, resident: TE's cached FP8 weight and its FP8 transpose (Hopper's TN-only FP8 GEMMs; MXFP8's
     row-wise and column-wise copies; NVFP4's 2D 16x16 blocks make the two copies transposes of each other, but TE
