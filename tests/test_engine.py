@@ -336,6 +336,8 @@ def test_zero3_counts_the_gathered_working_set():
      {"fp8_scaling": "current", "ep_dispatcher": "hybridep"}),
     ("llama3-8b", "dgx-h100", Plan(devices=8, global_batch=16, micro_batch=1, dtype="fp8"),
      {"fp8_scaling": "current", "zero": 1, "grad_dtype": "fp32"}),
+    ("llama3-8b", "dgx-b200", Plan(devices=8, global_batch=16, micro_batch=1, dtype="mxfp8"),
+     {"mx_swizzle": "gemm", "zero": 1}),
 ])
 def test_memoised_stage_costs_never_leak_between_plans(name, hardware, base, knobs):
     """StepModel memoises stage costs by a key of the plan's fields; a plan that differs in one knob must be
