@@ -93,7 +93,7 @@ class Plan:
     grad_dtype: str | None = None        # None = the compute dtype's storage type
     hybrid_fc: bool = False              # Krizhevsky 2014: data-parallel convolutions, model-parallel FC head
     tp_overlap: bool = False             # tp all-gather/reduce-scatter pipelined with the GEMMs (needs SP)
-    fp8_param_gather: bool = False       # ZeRO parameter all-gathers in FP8 (needs dtype fp8)
+    fp8_param_gather: bool = False       # ZeRO parameter all-gathers in FP8, MXFP8's in bf16 (needs an FP8 recipe)
     fp8_scaling: str = "delayed"         # how the fp8 recipe takes its scales (FP8_SCALINGS)
     mx_swizzle: str = "quantize"         # which mxfp8 GEMM operands are swizzled by kernels of their own (MX_SWIZZLES)
     ep: int = 1                          # expert parallelism: experts sharded over ep ranks of the dp*cp group

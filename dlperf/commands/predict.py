@@ -128,7 +128,9 @@ def plan_options(fn: Callable) -> Callable:
                      help="Overlap tensor-parallel all-gathers/reduce-scatters with the GEMMs (Megatron-Core "
                           "--tp-comm-overlap; needs --sequence-parallel)."),
         click.option("--fp8-param-gather", is_flag=True,
-                     help="With --dtype fp8 and ZeRO: all-gather parameters in FP8 (Megatron --fp8-param-gather)."),
+                     help="With an FP8 recipe (--dtype fp8, mxfp8, nvfp4) and ZeRO: the FP8 layers keep no 16-bit "
+                          "weight and the distributed optimizer all-gathers parameters as their FP8 casts (MXFP8: "
+                          "in bf16, quantized on copy) (Megatron --fp8-param-gather)."),
         click.option("--fp8-scaling", type=click.Choice(list(FP8_SCALINGS)), default="delayed", show_default=True,
                      help="With --dtype fp8: scales from an amax history (Transformer Engine's DelayedScaling) or "
                           "from each tensor as it is cast (Float8CurrentScaling, Megatron-Bridge's FP8-CS: an amax "
