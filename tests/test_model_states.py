@@ -122,3 +122,16 @@ def test_offloading_fewer_layers_keeps_more(zero):
                 zero_impl="megatron-fsdp" if zero == 3 else "fsdp")
     totals = [float(step.predict(plan.with_(offload_layers=n)).memory["total"]) for n in (3, 2, 1, 0)]
     assert totals == sorted(totals)
+
+
+def test_the_fullest_device_is_the_stage_with_the_most_state_bytes(llama):
+    """Per parameter an FP8 layer holds 16 + 2 bytes (its FP8 copy and transpose) and the embedding 16: a stage
+    of 95 FP8-layer parameters outweighs one of 100 embedding parameters, though it has fewer parameters."""
+    from dlperf.engine.memory import per_device
+    from dlperf.engine.stage import StageCost
+
+    plan = Plan(devices=1, global_batch=1, dtype="fp8")
+    embedding, blocks = StageCost(params=100), StageCost(params=95, fp8_params=95)
+    for stages in ([embedding, blocks], [blocks, embedding]):
+        memory = per_device(llama, load_hardware("dgx-h100"), plan, stages, "fp8", 1)
+        assert sum(memory[k] for k in STATES) == pytest.approx(18 * 95)

@@ -95,12 +95,14 @@ def _fp8_copy_bytes(plan: Plan, dtype: str) -> float:
 
 def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], dtype: str,
                micro_batches_in_flight: float) -> dict[str, Any]:
-    """Memory of the fullest device: the most parameters of any stage, and the most activations any stage
+    """Memory of the fullest device: the most model-state bytes of any stage, and the most activations any stage
     holds. Under 1F1B stage s keeps min(m, pp - s) micro-batches (the first the most), under GPipe all m; a
     stage with one huge layer can hold more than the first even so, so every stage is counted (issue #15:
     a 698 TiB attention layer on the last of 4 stages was reported as 260 KiB that fits). When the two maxima
-    fall on different stages their sum is an upper bound."""
-    states = _states(max(stages, key=lambda s: s.params), plan, dtype)
+    fall on different stages their sum is an upper bound. The stage with the most parameters need not hold the
+    most state bytes: an FP8 layer's parameter carries its FP8 copies and the embedding's not, and the routed
+    experts shard over fewer ranks than the dense weights."""
+    states = max((_states(s, plan, dtype) for s in stages), key=lambda held: sum(held.values()))
     if plan.recompute in ("full", "except_last"):
         # keep each block's input; during backward one block's full activations are rebuilt at a time
         # Korthikanti et al. 2022, Table 2: the stored layer inputs are 2sbh, divided by t only with sequence
