@@ -243,6 +243,11 @@ def test_bad_plans_are_refused(plan, message):
     ("zero_impl: megatron, ", "expected one of fsdp, megatron-fsdp, deepspeed-0.3"),
     ("zero_impl: 3, ", "expected a name"),
     ("zero_impl: deepspeed-0.3, ", "describes ZeRO stage 3"),
+    ("zero_impl: megatron-fsdp, ", "describes ZeRO stage 3"),
+    # the other plan field added with megatron-fsdp's memory: MXFP8's scale swizzles (dlperf.ops.fp8)
+    ("mx_swizzle: sideways, ", "expected one of quantize, gemm"),
+    ("mx_swizzle: [gemm], ", "expected a name"),
+    ("mx_swizzle: gemm, ", "is how the MXFP8 recipe lays out its block scales"),
 ])
 def test_bad_rows_give_one_located_line(tmp_path, new, message):
     path = write(tmp_path, TINY.replace("dp: 8, global_batch", f"dp: 8, {new}global_batch", 1))
@@ -257,6 +262,9 @@ def test_bad_rows_give_one_located_line(tmp_path, new, message):
 @pytest.mark.parametrize(("args", "message"), [
     (("--zero-impl", "bogus", "--zero", "3"), "'--zero-impl'"),
     (("--zero-impl", "deepspeed-0.3"), "describes ZeRO stage 3"),
+    (("--zero-impl", "megatron-fsdp"), "describes ZeRO stage 3"),
+    (("--mx-swizzle", "sideways"), "'--mx-swizzle'"),
+    (("--mx-swizzle", "gemm"), "is how the MXFP8 recipe lays out its block scales"),
 ])
 def test_bad_cli_options_exit_2_with_one_line(args, message):
     proc = subprocess.run([sys.executable, "-m", "dlperf", "predict", "gpt2-xl", "dgx-a100", "--gpus", "8", *args],
