@@ -223,7 +223,9 @@ def test_fp32_reduction_makes_fsdp_no_faster() -> None:
     pure = predict(model, hw, plan)
     default = predict(model, hw, plan.with_(grad_dtype="fp32"))
     assert default.step_time_s >= pure.step_time_s
-    assert default.memory["gradients"] == pytest.approx(2 * pure.memory["gradients"])
+    # FSDP casts each reduced gradient shard back to its fp32 parameter's dtype (torch FSDP1
+    # _cast_grad_to_param_dtype), so the sharded gradient weighs the same whichever dtype reduced it
+    assert default.memory["gradients"] == pytest.approx(pure.memory["gradients"])
 
 
 # ---- FSDP's passes over each unit's unsharded gradient (torch v2.1.0) ---------------------------------------
@@ -328,7 +330,7 @@ def test_grad_dtype_on_the_command_line(run) -> None:
     assert code == code32 == 0
     bf16, fp32 = json.loads(out), json.loads(out32)
     assert fp32["plan"]["grad_dtype"] == "fp32"
-    assert fp32["memory"]["gradients"] == pytest.approx(2 * bf16["memory"]["gradients"])
+    assert fp32["memory"]["gradients"] == pytest.approx(bf16["memory"]["gradients"])  # fp32 shards either way
     assert fp32["step_time_s"] >= bf16["step_time_s"]
     code, _, err = run(*args, "--grad-dtype", "fp7")
     assert code == 2 and "fp7" in err
