@@ -102,7 +102,9 @@ def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], 
     fall on different stages their sum is an upper bound. The stage with the most parameters need not hold the
     most state bytes: an FP8 layer's parameter carries its FP8 copies and the embedding's not, and the routed
     experts shard over fewer ranks than the dense weights."""
-    states = max((_states(s, plan, dtype) for s in stages), key=lambda held: sum(held.values()))
+    # stages alike in what they hold (a pipeline's middle stages) are priced once
+    distinct = {(s.params, s.expert_params, s.fp8_params): s for s in stages}.values()
+    states = max((_states(s, plan, dtype) for s in distinct), key=lambda held: sum(held.values()))
     if plan.recompute in ("full", "except_last"):
         # keep each block's input; during backward one block's full activations are rebuilt at a time
         # Korthikanti et al. 2022, Table 2: the stored layer inputs are 2sbh, divided by t only with sequence
