@@ -768,7 +768,8 @@ def simulated_line(results: Sequence[Result]) -> str:
 
 def parity_plot(results: Sequence[Result], path: str | None = None) -> Any:
     """Predicted vs measured, log-log, one panel per unit (dlperf.plot.parity_chart); returns the Figure and
-    writes it to `path` when given."""
+    writes it to `path` when given. Simulated rows are not measurements: they are drawn only when nothing
+    measured was chosen (as mean_abs_error gates them)."""
     from dlperf.plot import parity_chart
 
-    return parity_chart(results, path)
+    return parity_chart(measurements(results) or list(results), path)

@@ -75,3 +75,18 @@ def test_parity_chart_grid_labels_and_no_empty_panel():
     assert not any("_" in label for label in labels)
     width, height = fig.get_size_inches()
     assert width / height < 2.5  # not one long row
+
+
+def test_parity_plot_draws_measurements_not_simulated_rows():
+    """A simulated figure is not a measurement: with measured rows chosen, the parity plot leaves simulated ones
+    out (vTrain's one-node rows are iteration_time_s, the only unit they would add a panel for here)."""
+    from dlperf.validate import evaluate, load_dataset, parity_plot
+
+    rows = load_dataset(None)
+    simulated = [r for r in rows if not r.is_measurement][:3]
+    measured = [r for r in rows if r.is_measurement and r.unit == "samples_per_s"][:3]
+    assert simulated and measured and {r.unit for r in simulated} == {"iteration_time_s"}
+    fig = parity_plot(evaluate(simulated + measured, universe=rows))
+    assert [ax.get_xlabel() for ax in fig.axes] == ["measured throughput (samples/s)"]
+    alone = parity_plot(evaluate(simulated, universe=rows))  # nothing measured chosen: the simulated rows are drawn
+    assert len(alone.axes) == 1 and alone.axes[0].get_xlabel() != "measured throughput (samples/s)"
