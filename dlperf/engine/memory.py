@@ -54,7 +54,8 @@ def model_state_bytes(params: Any, plan: Plan, dtype: str, fp8_params: Any = Non
     fp8_params_kept = is_recipe(dtype) and plan.fp8_param_gather
     sixteen_bit = params - fp8 if fp8_params_kept else params
     if _torch_fsdp_shards(plan, dtype):
-        weight, grad = 0, FP32  # the fp32 shard is the optimizer's master copy; its gradient is fp32 too
+        # the fp32 shard is the optimizer's master copy; its gradient is fp32 too
+        weight, grad = 0, element_bytes("fp32")
     states = {
         "weights": sixteen_bit * weight / shard["weight"],
         "gradients": params * grad / shard["grad"],
@@ -63,9 +64,6 @@ def model_state_bytes(params: Any, plan: Plan, dtype: str, fp8_params: Any = Non
     if is_recipe(dtype):
         states["fp8_weights"] = fp8 * _fp8_copy_bytes(plan, dtype) / shard["weight"]
     return states
-
-
-FP32 = 4
 
 
 def _torch_fsdp_shards(plan: Plan, dtype: str) -> bool:
