@@ -110,11 +110,11 @@ class Timeline:
 class StepModel:
     """One model on one cluster, priced plan after plan.
 
-    The expensive part of a prediction, the stage costs (every layer's kernels), depends only on (tp, pp,
-    sequence parallelism, recomputation, micro-batch, dtype, convolution memory format, ...: `stages`' key); it
-    is memoised, so a search over many plans
-    prices each distinct structure once and combines the cheap knobs (micro-batch count, schedule, virtual
-    stages, ZeRO, dp communication) per plan. `predict` is this with a fresh cache.
+    The expensive part of a prediction, the stage costs (every layer's kernels), depends only on pp and what
+    stage_cost reads of the plan (tp, sequence parallelism, recomputation, micro-batch, dtype, ...:
+    _stage_cost_key); it is memoised, so a search over many plans prices each distinct structure once and
+    combines the cheap knobs (micro-batch count, schedule, virtual stages, ZeRO, dp communication) per plan.
+    `predict` is this with a fresh cache.
     """
 
     def __init__(self, model: Model, hw: Hardware) -> None:
@@ -142,10 +142,7 @@ class StepModel:
     def stages(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
         """(every stage's cost, the slowest stage, the most parameters on one device, the largest activation
         crossing a stage boundary per sample)."""
-        key = (plan.tp, plan.pp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.hybrid_fc,
-               plan.data_parallel, plan.tp_overlap, plan.memory_format, plan.fp8_scaling, plan.mx_swizzle,
-               *_ep_cp_key(plan),
-               *_acts_key(plan))
+        key = (plan.pp, plan.hybrid_fc, plan.data_parallel, *_stage_cost_key(plan, dtype))
         if key not in self._stages and plan.hybrid_fc:
             part = self._hybrid_fc(plan, dtype, e)
             self._stages[key] = ([part], part, part.params, 0)
@@ -201,8 +198,7 @@ class StepModel:
         return self._staged([pieces[i:j] for i, j in best], plan, dtype, e)
 
     def _summed_cost(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
-        key = ("summed", tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype,
-               plan.tp_overlap, plan.memory_format, *_ep_cp_key(plan), *_acts_key(plan))
+        key = ("summed", tuple(nodes), *_stage_cost_key(plan, dtype))
         if key not in self._cost:
             parts = [self._cost_of([node], plan, dtype, e) for node in nodes]
             total = parts[0]
@@ -212,8 +208,7 @@ class StepModel:
         return self._cost[key]
 
     def _cost_of(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
-        key = (tuple(nodes), plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap,
-               plan.memory_format, plan.fp8_scaling, plan.mx_swizzle, *_ep_cp_key(plan), *_acts_key(plan))
+        key = (tuple(nodes), *_stage_cost_key(plan, dtype))
         if key not in self._cost:
             uses_key = (tuple(nodes), plan.sequence_parallel)
             if uses_key not in self._uses:
@@ -981,6 +976,13 @@ def _ep_per_node(hw: Hardware, plan: Plan) -> tuple[int, int]:
     node, stride = hw.network[0].size or plan.ep * plan.tp, plan.tp
     local = max(1, min(plan.ep, node // stride))
     return (local, plan.ep // local) if plan.ep % local == 0 else (plan.ep, 1)
+
+
+def _stage_cost_key(plan: Plan, dtype: str) -> tuple:
+    """What stage_cost reads of a plan: every memo of stage costs (StepModel.stages, _cost_of, _summed_cost) keys
+    on this one tuple, so that a field the kernels come to depend on is added once for all of them."""
+    return (plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap, plan.memory_format,
+            plan.fp8_scaling, plan.mx_swizzle, *_ep_cp_key(plan), *_acts_key(plan))
 
 
 def _ep_cp_key(plan: Plan) -> tuple:
