@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlperf.engine.zero_impl import _layer_tensors
+from dlperf.engine.zero_impl import layer_tensors
 from dlperf.plan import Plan
 from dlperf.spec.hardware import LAUNCH_CALL, Hardware
 from dlperf.spec.model import Model
@@ -39,20 +39,9 @@ OPTIMIZER_OP_HOST = 2.11e-6 * 0.966
 
 
 def parameter_tensors(model: Model) -> int:
-    """Parameter tensors the model holds (PyTorch's len(list(model.parameters()))): a batch norm's weight and
-    bias, a convolution's weight and its bias if it has one, the rest as zero_impl splits them."""
-    count = 0
-    for layer, repeat in model.layers():
-        if not layer.params:
-            continue
-        if layer.op == "batchnorm":
-            tensors = 2
-        elif layer.op == "conv2d":
-            tensors = 2 if layer.get("bias", False) else 1
-        else:
-            tensors = len(_layer_tensors(layer))
-        count += tensors * repeat
-    return count
+    """Parameter tensors the model holds (PyTorch's len(list(model.parameters()))), as zero_impl.layer_tensors
+    splits each layer."""
+    return sum(len(layer_tensors(layer)) * repeat for layer, repeat in model.layers() if layer.params)
 
 
 def loop_launches(model: Model, plan: Plan) -> float:

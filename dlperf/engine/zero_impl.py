@@ -103,9 +103,15 @@ REDUCE_TRAFFIC = 6
 Tensors = tuple[list[tuple[float, int]], list[tuple[float, int]], float]
 
 
-def _layer_tensors(layer: Any) -> list[float]:
-    """One layer's parameter tensors, in elements, as Megatron-LM holds them (see ATTENTION above)."""
+def layer_tensors(layer: Any) -> list[float]:
+    """One layer's parameter tensors, in elements, as Megatron-LM holds them (see ATTENTION above); a batch norm's
+    affine weight and bias, a convolution's weight and its bias if it has one (channels first: C, H, W)."""
     params = float(layer.params)
+    if layer.op == "batchnorm":
+        return [params / 2, params / 2]
+    if layer.op == "conv2d":
+        bias = float(layer.out_shape[-3]) if layer.get("bias", False) else 0.0
+        return [params - bias] + ([bias] if bias else [])
     width_in, width_out = float(layer.in_shape[-1]), float(layer.out_shape[-1])
     if layer.op == "attention":
         weights = min(4 * width_in**2, params)
@@ -130,7 +136,7 @@ def tensors(model: Model, plan: Plan) -> Tensors:
         if not layer.params:
             continue
         total += float(layer.params) * count / plan.tp
-        for n in _layer_tensors(layer):
+        for n in layer_tensors(layer):
             (parted if n / plan.tp >= PERSISTENCE_THRESHOLD else persistent).append((n / plan.tp, count))
     return parted, persistent, total
 
