@@ -19,7 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-FP32 = 4
+from dlperf.engine.layers import element_bytes
+
+FP32 = element_bytes("fp32")
 BOOL = 1
 
 
