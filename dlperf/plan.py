@@ -246,10 +246,7 @@ def _check_activation_knobs(plan: Plan) -> None:
     """Recomputed modules must be named in RECOMPUTE_MODULES (each once); FP8 activation caching and DeepEP
     describe an FP8 recipe's and an expert-parallel run's machinery."""
     modules = plan.recompute_modules
-    if not isinstance(modules, tuple) or any(m not in RECOMPUTE_MODULES for m in modules) or \
-            len(set(modules)) != len(modules):
-        raise PlanError("recompute_modules", expected="distinct names among " + ", ".join(RECOMPUTE_MODULES),
-                        found=",".join(map(str, modules)) if isinstance(modules, tuple) else modules)
+    _check_names("recompute_modules", modules, RECOMPUTE_MODULES)
     if modules and plan.recompute in ("full", "except_last"):
         raise PlanError("recompute_modules names parts of a layer to recompute: full recomputation already reruns "
                         "them", expected="--recompute none or selective", found=plan.recompute)
