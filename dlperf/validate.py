@@ -590,6 +590,12 @@ def measurements(results: Sequence[Result]) -> list[Result]:
     return [r for r in results if r.row.is_measurement]
 
 
+def gated(results: Sequence[Result]) -> list[Result]:
+    """What --max-error and --plot take: the measured rows, or all when none is measured (a simulated source
+    chosen alone is still gated and drawn on itself)."""
+    return measurements(results) or list(results)
+
+
 def summary(results: Sequence[Result]) -> list[dict[str, Any]]:
     """Per source (in first-seen order) and overall: count, mean/median/max absolute % error, mean signed %,
     the number of plan groups and the median within-group Spearman rank correlation (None without groups).
@@ -746,10 +752,8 @@ def unscorable(results: Sequence[Result]) -> list[Result]:
 
 
 def mean_abs_error(results: Sequence[Result]) -> float:
-    """Over the measured rows (what --max-error gates), or over all when none is measured (a simulated source
-    chosen alone is still gated on itself)."""
-    scored = measurements(results) or results
-    return statistics.fmean(abs(r.error_pct) for r in scored)
+    """Over the rows --max-error gates (`gated`)."""
+    return statistics.fmean(abs(r.error_pct) for r in gated(results))
 
 
 def simulated_line(results: Sequence[Result]) -> str:
@@ -769,7 +773,7 @@ def simulated_line(results: Sequence[Result]) -> str:
 def parity_plot(results: Sequence[Result], path: str | None = None) -> Any:
     """Predicted vs measured, log-log, one panel per unit (dlperf.plot.parity_chart); returns the Figure and
     writes it to `path` when given. Simulated rows are not measurements: they are drawn only when nothing
-    measured was chosen (as mean_abs_error gates them)."""
+    measured was chosen (`gated`)."""
     from dlperf.plot import parity_chart
 
-    return parity_chart(measurements(results) or list(results), path)
+    return parity_chart(gated(results), path)
