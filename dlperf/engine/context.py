@@ -26,8 +26,8 @@ from typing import Any
 
 from dlperf import mathx
 from dlperf.engine.layers import Use
-from dlperf.ops.base import Layer, numel
-from dlperf.ops.moe import INDEX_BYTES, ROUTER_BYTES, dispatch_elements, kv_width, qkv_widths
+from dlperf.ops.base import INDEX_BYTES, Layer, numel
+from dlperf.ops.moe import ROUTER_BYTES, dispatch_elements, kv_width, qkv_widths
 from dlperf.ops.recompute import FP8_TILED
 
 ATTENTION_OPS = ("attention", "mla")

@@ -16,6 +16,7 @@ REQUIRED = object()  # marks an attribute without default
 
 BYTES_PER_ELEMENT = {"fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "mxfp8": 1, "nvfp4": 0.5}
 MASK_BYTES = 1  # dropout masks are stored as one byte per element (PyTorch bool tensors)
+INDEX_BYTES = 8  # int64 indices (torch.topk, torch.nonzero)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 from dlperf import mathx
 from dlperf.cost import Cost
-from dlperf.ops.base import MASK_BYTES, REQUIRED, Kernel, Layer, OpRule, clog2, numel
+from dlperf.ops.base import INDEX_BYTES, MASK_BYTES, REQUIRED, Kernel, Layer, OpRule, clog2, numel
 
 # ---- linear ---------------------------------------------------------------------------------------------
 
@@ -364,7 +364,6 @@ UNPAD_CALLS = 3                      # Q, K, V
 UNPAD_OPS, UNPAD_SYNCS = 7, 2        # per unpad_input, forward
 PAD_OPS = 2                          # pad_input, forward
 UNPAD_BWD_OPS, PAD_BWD_OPS = 2, 1    # per IndexFirstAxis / IndexPutFirstAxis backward
-INDEX_BYTES = 8                      # torch.nonzero's int64 row indices, one per token, saved by each unpad_input
 
 
 def _unpads(layer: Layer) -> bool:
@@ -477,7 +476,8 @@ def _attention_saved(layer: Layer, e: int) -> Any:
     s, d, h, kv, hd, skv = _attention_dims(layer)
     linear_terms = e * (s * d + s * h * hd + 2 * skv * kv * hd + s * h * hd)
     if layer["flash"]:
-        # unpadded: pad_input's output is a copy beside the kernel's saved output, and each unpad keeps its indices
+        # unpadded: pad_input's output is a copy beside the kernel's saved output, and each unpad keeps its int64
+        # row indices (torch.nonzero), one per token
         unpad = e * s * h * hd + UNPAD_CALLS * INDEX_BYTES * s if _unpads(layer) else 0
         return linear_terms + 4 * h * s + unpad
     return linear_terms + quadratic_attention_bytes(layer, e)

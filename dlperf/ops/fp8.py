@@ -234,16 +234,15 @@ def _fp8_gemm(kernel: Kernel, m: Any, k: Any, n: Any, e: int, b: float = FP8) ->
     return replace(kernel, cls=FP8_GEMM, cost=cost)
 
 
-def _cast_kernel(name: str, activation: Any, gradient: Any, e: int, b: float = FP8, reads: int = 1,
-                 rht: int = 0, launches: Any = None) -> Kernel:
+def _cast_kernel(name: str, activation: Any, gradient: Any, e: int, b: float, reads: int, rht: int,
+                 launches: Any) -> Kernel:
     """cast_transpose of the activation (forward) and of the output gradient (backward), with their amax: reads
     the 16-bit tensor `reads` times (NVFP4: the amax pass, then the cast), writes two copies of `b` bytes per
     element; `rht` FLOPs per element for NVFP4's Hadamard transform of the column-wise copy. `launches` per pass
-    (quantize_launches; default `reads`) come from one framework call each way: Transformer Engine's C++ issues
+    (quantize_launches) come from one framework call each way: Transformer Engine's C++ issues
     the amax, scale and per-expert kernels itself."""
     per_element = reads * e + 2 * b
     flops = CAST_FLOPS + rht
-    launches = reads if launches is None else launches
     return Kernel(name, "memory", Cost(
         fwd_flops=flops * activation, bwd_data_flops=flops * gradient,
         fwd_bytes=per_element * activation, bwd_bytes=per_element * gradient, depth=1, bwd_depth=1,

@@ -20,12 +20,21 @@ from typing import Any
 
 from dlperf.cost import Cost
 from dlperf.errors import ShapeError
-from dlperf.ops.base import REQUIRED, Kernel, Layer, OpRule, clog2, elementwise_kernel, need_rank, numel
+from dlperf.ops.base import (
+    INDEX_BYTES,
+    REQUIRED,
+    Kernel,
+    Layer,
+    OpRule,
+    clog2,
+    elementwise_kernel,
+    need_rank,
+    numel,
+)
 from dlperf.ops.dense import causal_speedup, gemm
 
 ROUTER_DTYPE = "fp32"
 ROUTER_BYTES = 4
-INDEX_BYTES = 8  # int64 expert indices (torch.topk)
 
 # ---- moe ------------------------------------------------------------------------------------------------
 

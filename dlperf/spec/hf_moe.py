@@ -218,11 +218,16 @@ def deepseek_v3(config: dict) -> dict:
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
+def _alternating(layers: int) -> list[str]:
+    """GptOssConfig's default layer_types: sliding on even layers, full on odd ones."""
+    return [LAYER_TYPES[i % 2] for i in range(layers)]
+
+
 def _gpt_oss_layer_types(config: dict, layers: int) -> list[str]:
-    """config.layer_types, or GptOssConfig's default when absent: sliding on even layers, full on odd ones."""
+    """config.layer_types, or GptOssConfig's default when absent (_alternating)."""
     kinds = config.get("layer_types")
     if kinds is None:
-        return [LAYER_TYPES[i % 2] for i in range(layers)]
+        return _alternating(layers)
     if not isinstance(kinds, list) or len(kinds) != layers or any(k not in LAYER_TYPES for k in kinds):
         raise SpecError(field="layer_types", expected=f"{layers} entries, each one of {', '.join(LAYER_TYPES)}",
                         found=kinds, line=line_of(config, "layer_types"))
@@ -258,12 +263,13 @@ def gpt_oss(config: dict) -> dict:
         attention[0]["residual"][1] |= {"sinks": True, **window}
         blocks[kind] = {"layers": attention + moe}
     kinds = _gpt_oss_layer_types(config, params["layers"])
-    body = _runs(kinds)
-    if kinds == [LAYER_TYPES[i % 2] for i in range(len(kinds))] and len(kinds) % 2 == 0:
+    if kinds == _alternating(len(kinds)) and len(kinds) % 2 == 0:
         # the default alternation as one repeated pair, as the built-in: recomputation, ZeRO-3 gathers and
         # offloading see one repeated block (a run of repeat-1 calls would read as no repeated block at all)
         blocks["pair"] = {"layers": [{"block": kind} for kind in LAYER_TYPES]}
         body = [{"block": "pair", "repeat": len(kinds) // 2, "name": "decoder"}]
+    else:
+        body = _runs(kinds)
     return _document(config, "gpt_oss", params, blocks, body,
                      "transformers models/gpt_oss/modeling_gpt_oss.py (GptOssAttention sinks, GptOssExperts "
                      "gate_up_proj_bias / down_proj_bias, GptOssTopKRouter bias)")
