@@ -239,14 +239,15 @@ def _cast_kernel(name: str, activation: Any, gradient: Any, e: int, b: float, re
     """cast_transpose of the activation (forward) and of the output gradient (backward), with their amax: reads
     the 16-bit tensor `reads` times (NVFP4: the amax pass, then the cast), writes two copies of `b` bytes per
     element; `rht` FLOPs per element for NVFP4's Hadamard transform of the column-wise copy. `launches` per pass
-    (quantize_launches) come from one framework call each way: Transformer Engine's C++ issues
-    the amax, scale and per-expert kernels itself."""
+    (quantize_launches) come from one framework call each way (tex.quantize; under NVFP4 NVFP4Quantizer::
+    quantize_impl runs the amax pass and the cast from C++, quantizer.cpp @71bbefbf): Transformer Engine's C++
+    issues the amax, scale and per-expert kernels itself."""
     per_element = reads * e + 2 * b
     flops = CAST_FLOPS + rht
     return Kernel(name, "memory", Cost(
         fwd_flops=flops * activation, bwd_data_flops=flops * gradient,
         fwd_bytes=per_element * activation, bwd_bytes=per_element * gradient, depth=1, bwd_depth=1,
-    ), launches=launches, bwd_launches=launches, framework_ops=reads, bwd_framework_ops=reads)
+    ), launches=launches, bwd_launches=launches, framework_ops=1, bwd_framework_ops=1)
 
 
 def saved_bytes(layer: Layer, saved: Any, e: int, recipe: str = "fp8") -> Any:
