@@ -221,7 +221,9 @@ def test_fp8_and_flash_attention_efficiencies_match_their_sources() -> None:
     assert h100.eff("attention").at(1) * 16384 / (16384 + h100.eff("attention").seq_half) == pytest.approx(
         335 / 989, rel=0.01)
     a100 = load_hardware("dgx-a100").device
-    assert a100.eff("attention").peak == 0.73 and a100.eff("attention_fa3") == a100.eff("attention")  # FA3: Hopper
+    # FA2 on A100: the curve fitted to FlashAttention-2's own A100 bars (test_flash_causal.py checks every bar)
+    assert (a100.eff("attention").peak, a100.eff("attention").seq_half) == (0.657, 189)
+    assert a100.eff("attention_fa3") == a100.eff("attention")  # FA3-class kernels need Hopper
     assert load_hardware("mi300x").device.eff("matmul").peak == pytest.approx(668.4 / 1307.4, abs=5e-4)
     # no FP8 or FlashAttention figure of its own: the GEMM's curve, startup time included
     v100 = load_hardware("dgx1-v100").device
