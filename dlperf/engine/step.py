@@ -20,6 +20,7 @@ from dlperf.engine.device import sync_gap
 from dlperf.engine.grad_passes import grad_pass_time
 from dlperf.engine.input import input_note, input_wait
 from dlperf.engine.layers import element_bytes, tp_uses
+from dlperf.engine.metric_sync import metric_sync_time
 from dlperf.engine.optimizer_loop import loop_launches, loop_time
 from dlperf.engine.pipeline import (
     balanced_partition,
@@ -319,6 +320,7 @@ class StepModel:
         dp_total, dp_exposed = self._dp_over_stages(plan, stages, slow, dtype, m)
         optimizer = _optimizer_time_split(self.hw, plan, params, max(stages, key=lambda s: s.params).expert_params,
                                           self._fp8_cast_bytes(params, dtype), (loop_launches(self.model, plan), dtype))
+        metric_sync = metric_sync_time(self.model, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
         breakdown = {
@@ -337,11 +339,12 @@ class StepModel:
             "pipeline/bubble": bubble,
             "comm/dp_allreduce": step - compute if plan.consistency != "sync" else dp_exposed,
             "optimizer": optimizer,
+            "overhead/metric_sync": metric_sync,
         }
         flight = in_flight(plan.schedule, m, plan.pp, v) + (mem.paired_layer(self.model, plan) if plan.ep_overlap
                                                             else 0)
         memory = mem.per_device(self.model, self.hw, plan, stages, dtype, flight) if with_memory else {}
-        return step + optimizer, breakdown, memory, slow, dtype, staleness
+        return step + optimizer + metric_sync, breakdown, memory, slow, dtype, staleness
 
     def _dualpipe(self, plan: Plan, dtype: str, e: int, staged: tuple[list[StageCost], StageCost, Any, Any], m: Any,
                   with_memory: bool) -> tuple[Any, dict[str, Any], dict[str, Any], StageCost, str, int]:

@@ -1,0 +1,41 @@
+"""Composer's per-batch collectives and train-metric sync (dlperf.engine.metric_sync)."""
+
+import dlperf.comm as comm
+from dlperf.engine import predict
+from dlperf.engine.metric_sync import STATES_PER_METRIC, metric_sync_time, per_rank_time, synced_metrics
+from dlperf.plan import Plan
+from dlperf.spec.hardware import load_hardware
+from dlperf.spec.model import load_model
+
+MPT_1B = {"hidden": 2048, "heads": 16, "layers": 24, "seq": 2048}
+
+
+def _plan(devices: int) -> Plan:
+    return Plan(devices=devices, dp=devices, global_batch=12 * devices, micro_batch=12, zero=2, dtype="bf16")
+
+
+def test_each_rank_adds_its_per_state_work_to_every_synced_state():
+    """Doubling the world from 256 to 512 adds 256 ranks' zeros_like and copy-back to each of the 4 synced states
+    (2 composer metrics x 2 states), on top of collectives that only grow."""
+    model, hw = load_model("mpt", MPT_1B), load_hardware("dgx-h100")
+    states = STATES_PER_METRIC * synced_metrics(model)
+    assert states == 4
+    grown = metric_sync_time(model, hw, _plan(512), comm) - metric_sync_time(model, hw, _plan(256), comm)
+    assert grown >= states * 256 * per_rank_time(hw) > 0
+
+
+def test_one_device_or_no_metrics_syncs_nothing():
+    """No peers, or a model without composer's training metrics (gpt), pays nothing."""
+    hw = load_hardware("dgx-h100")
+    assert metric_sync_time(load_model("mpt", MPT_1B), hw, _plan(1), comm) == 0.0
+    assert synced_metrics(load_model("gpt")) == 0
+    assert metric_sync_time(load_model("gpt"), hw, _plan(64), comm) == 0.0
+
+
+def test_the_sync_is_exposed_in_the_step_and_its_breakdown():
+    """The step lasts the sync longer than without it, filed under overhead/metric_sync."""
+    model, hw = load_model("mpt", MPT_1B), load_hardware("dgx-h100")
+    result = predict(model, hw, _plan(128))
+    sync = result.breakdown_s["overhead/metric_sync"]
+    assert sync == metric_sync_time(model, hw, _plan(128), comm) > 0
+    assert result.step_time_s >= sync + result.breakdown_s["compute/forward"] + result.breakdown_s["compute/backward"]
