@@ -90,3 +90,20 @@ def test_parity_plot_draws_measurements_not_simulated_rows():
     assert [ax.get_xlabel() for ax in fig.axes] == ["measured throughput (samples/s)"]
     alone = parity_plot(evaluate(simulated, universe=rows))  # nothing measured chosen: the simulated rows are drawn
     assert len(alone.axes) == 1 and alone.axes[0].get_xlabel() != "measured throughput (samples/s)"
+
+
+def test_every_breakdown_part_is_drawn_and_listed_by_search():
+    """The breakdown chart draws only the parts it has a colour for and search lists only BREAKDOWN_COLUMNS: every
+    part a prediction can report (the CPU loader's wait and composer's metric sync included) is in both, so the
+    bars add up to the step."""
+    from dlperf.commands.search import BREAKDOWN_COLUMNS
+    from dlperf.plot import BREAKDOWN_COLORS
+
+    resnet = predict(load_model("resnet50"), load_hardware("dgx-a100"),
+                     Plan(devices=8, global_batch=256, data_backend="cpu", loader_workers=4,
+                          input_ops=("jpeg-decode-pillow", "rrc224-flip-pillow", "fast-collate")))
+    mpt = predict(load_model("mpt"), load_hardware("dgx-a100"), Plan(devices=16, global_batch=32, micro_batch=2))
+    parts = set(resnet.breakdown_s) | set(mpt.breakdown_s)
+    assert {"input/cpu", "overhead/metric_sync"} <= parts
+    assert parts <= set(BREAKDOWN_COLORS) and parts <= set(BREAKDOWN_COLUMNS)
+    assert sum(mpt.breakdown_s.values()) == pytest.approx(mpt.step_time_s, rel=1e-9)

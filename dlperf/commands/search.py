@@ -20,8 +20,10 @@ from dlperf.commands.common import (
 from dlperf.commands.predict import BATCH, DTYPE_CHOICES, _load, build_plan, plan_options
 from dlperf.report import render, to_json
 
-BREAKDOWN_COLUMNS = ["compute/forward", "compute/backward", "compute/recompute", "comm/tp", "comm/ep", "comm/cp",
-                     "overhead/host", "comm/pp_p2p", "pipeline/bubble", "comm/dp_allreduce", "optimizer"]
+BREAKDOWN_COLUMNS = ["compute/forward", "compute/backward", "compute/recompute", "compute/grad_accumulation",
+                     "compute/straggler", "comm/tp", "comm/ep", "comm/cp", "overhead/host", "comm/host_offload",
+                     "comm/pp_p2p", "pipeline/bubble", "comm/dp_allreduce", "optimizer", "overhead/metric_sync",
+                     "input/cpu"]
 
 
 def _degrees(option: str, text: str) -> tuple[int, ...]:
@@ -129,7 +131,7 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
         rows = [{**r, f"cost_per_step ({unit})": r["cost_per_step"]} for r in rows]
     click.echo(render(rows, "table", columns=plan_cols, title=title))
     if rows:
-        shown = [k for k in BREAKDOWN_COLUMNS if any(r[k] for r in rows)]  # a part no plan has is noise here
+        shown = [k for k in BREAKDOWN_COLUMNS if any(r.get(k) for r in rows)]  # a part no plan has is noise here
         short = [{"rank": r["rank"], **{k: r[k] for k in shown}} for r in rows]
         click.echo("\nstep-time breakdown")
         click.echo(render(short, "table", kinds=dict.fromkeys(shown, "time")))
