@@ -845,6 +845,25 @@ def test_act_clamp_is_eager_clamp_and_cat_and_recomputed_with_moe_act():
     assert "expert_act_clamp" not in rerun_kernels(layer, frozenset({"layernorm"}))
 
 
+def test_quick_geglu_offset_copy_waits_for_the_device_once_per_forward():
+    """weighted_bias_quick_geglu_impl (@3758b54b line 434) makes its offset with torch.tensor(..., device=...), a
+    pageable host-to-device copy that PyTorch synchronizes (memcpy_and_sync): one sync gap per forward and per
+    moe_act recomputation, one more host operator, no backward, and no stretch by routing imbalance."""
+    from dlperf.engine.device import kernel_times, sync_gap
+    from dlperf.ops.recompute import rerun_kernels
+
+    assert "glu_offset_copy" not in _expert_kernels()
+    kernels = _expert_kernels(act_clamp=True)
+    copy, clamp = kernels["glu_offset_copy"], kernels["expert_act_clamp"]
+    assert (copy.syncs, copy.expert) == (1, False)
+    device = load_hardware("dgx-h100").device
+    assert kernel_times(copy, device, "bf16") == (sync_gap(device), 0.0)
+    assert clamp.host_ops == (4, 3)
+    model = model_from_dict(_doc([{"op": "moe", "experts": 4, "top_k": 2, "ffn": 64, "act_clamp": True}]), "t", {})
+    layer = next(layer for layer, _ in model.counted() if layer.op == "moe")
+    assert "glu_offset_copy" in rerun_kernels(layer, frozenset({"moe_act"}))
+
+
 def test_gpt_oss_extras_slow_the_step():
     """The clamp and the eager down-projection bias cost gpt-oss time: without them the same plan is faster."""
     hw = load_hardware("gb200-nvl72")

@@ -207,6 +207,17 @@ def _flex_metadata(layer: Layer, t: Any, local: Any, dispatcher: str) -> list[Ke
                    launches=FLEX_METADATA_LAUNCHES[dispatcher], bwd_launches=0, split=False)]
 
 
+# weighted_bias_quick_geglu_impl (megatron/core/fusions/fused_bias_geglu.py line 434, the same at every Megatron-LM
+# commit the Megatron-Bridge rows pin: @92c8482e, @3758b54b, @00225507, @2d1fa8d3, and at @d98e8a64) builds its
+# offset as `torch.tensor(linear_offset, dtype=input.dtype, device=input.device)`: a Python float copied from
+# pageable host memory, which PyTorch does with non_blocking=False (torch/csrc/utils/tensor_new.cpp
+# internal_new_from_data: `tensor.to(device, ..., /*non_blocking=*/false, ...)`), and copy_kernel_cuda then calls
+# at::cuda::memcpy_and_sync = cudaMemcpyAsync + cudaStreamSynchronize (pytorch/pytorch @007aa8ae
+# aten/src/ATen/native/cuda/Copy.cu). The host waits for the fc1 grouped GEMM and everything queued before it,
+# once per MoE layer forward (dlperf.engine.device.sync_gap).
+QUICK_GEGLU_SYNCS = 1
+
+
 def _expert_extras(layer: Layer, routed: Any, d: Any, f: Any, e: int, local: Any) -> list[Kernel]:
     """Eager PyTorch operators Megatron-Core runs around the experts' fused kernels when the experts have biases
     or a clamped GLU (gpt-oss), read at the Megatron-LM commit Megatron-Bridge's GPT-OSS recipes pin
@@ -218,7 +229,10 @@ def _expert_extras(layer: Layer, routed: Any, d: Any, f: Any, e: int, local: Any
       cat once more (4 passes, 3 launches); backward, the two clamps' gradients read the gradient and the input
       and write (3 passes over each half; the masks' own bool tensors left out, a lower bound) and the chunk's
       gradient is a cat (2 passes), 3 launches. Inside the moe_act recomputation (bias_act_func is checkpointed
-      whole).
+      whole). The same function copies its GLU offset to the device on every call, which waits for the device
+      (QUICK_GEGLU_SYNCS): one more host operator among the clamp's, and a `glu_offset_copy` of no work that
+      holds the wait, once per forward (and per recomputed forward); not an expert kernel, so routing imbalance
+      does not stretch it.
     - `expert_bias` (transformer/moe/experts.py TEGroupedMLP: linear_fc1 adds its bias inside Transformer Engine's
       grouped GEMM, skip_bias_add=False; linear_fc2 has skip_bias_add=True and `_apply_bias` adds it afterwards):
       per resident expert `t + b * p` over its rows (p the fp32 routing probability, ROUTER_BYTES, so the
@@ -233,7 +247,10 @@ def _expert_extras(layer: Layer, routed: Any, d: Any, f: Any, e: int, local: Any
         n = routed * 2 * f
         out.append(Kernel("expert_act_clamp", "memory", Cost(fwd_flops=2 * n, fwd_bytes=4 * e * n,
                                                              bwd_bytes=5 * e * n, depth=1, bwd_depth=1),
-                          launches=3, bwd_launches=3, expert=True))
+                          launches=3, bwd_launches=3, expert=True, framework_ops=3 + QUICK_GEGLU_SYNCS,
+                          bwd_framework_ops=3))
+        out.append(Kernel("glu_offset_copy", "memory", Cost(), launches=0, bwd_launches=0, split=False,
+                          syncs=QUICK_GEGLU_SYNCS))
     if layer["expert_bias"]:
         n = routed * d
         out.append(Kernel("expert_down_bias", "memory", Cost(

@@ -83,7 +83,8 @@ def rerun_kernels(layer: Layer, modules: frozenset[str]) -> frozenset[str]:
         if "mla_up_proj" in modules:
             names |= {"q_up", "kv_up"}
     if layer.op == "moe" and "moe_act" in modules:
-        names |= {"expert_swiglu", "expert_gelu", "shared_swiglu", "shared_gelu", "expert_act_clamp"}
+        names |= {"expert_swiglu", "expert_gelu", "shared_swiglu", "shared_gelu", "expert_act_clamp",
+                  "glu_offset_copy"}
     return frozenset(names)
 
 
