@@ -1,4 +1,4 @@
-"""The cross-entropy implementations (`impl: fused | torch | megatron`) as the engine runs them: time ordering,
+"""The cross-entropy implementations (`impl: fused | torch | megatron | te`) as the engine runs them: time ordering,
 the vocabulary split, Megatron's three allreduces, no recomputation, and the one-line error for a bad value."""
 
 import pytest
@@ -38,7 +38,14 @@ def test_megatron_loss_is_slowest_and_the_fused_kernel_fastest(dtype):
     assert megatron > torch_ > fused > 0
 
 
-@pytest.mark.parametrize("impl", ["fused", "torch", "megatron"])
+def test_te_loss_costs_one_pass_and_a_few_launches_more_than_the_generic_fused_kernel():
+    """TE's Triton loss makes 5 model-dtype passes over the logits (3 forward, 2 backward) where `fused` counts
+    4, and stays well below the fp32 losses in a bf16 model."""
+    fused, te, torch_ = (_loss_seconds(impl) for impl in ("fused", "te", "torch"))
+    assert torch_ > te > fused
+
+
+@pytest.mark.parametrize("impl", ["fused", "torch", "megatron", "te"])
 def test_per_rank_logit_work_halves_when_tp_doubles(impl):
     """t(tp) = fixed + split / tp: the fixed part (launches, Megatron's per-token kernels) stays, the part over
     the [tokens, vocab/tp] logits halves with every doubling."""
@@ -61,9 +68,11 @@ def test_full_recomputation_does_not_rerun_the_loss():
 
 def test_built_in_models_name_their_training_stacks_loss():
     impl = {name: dict(load_model(name).layers()[-1][0].attrs)["impl"]
-            for name in ("gpt", "gpt3-175b", "gpt2-xl", "bert-large", "mpt", "llama3-8b", "deepseek-v3", "resnet50")}
+            for name in ("gpt", "gpt3-175b", "gpt2-xl", "bert-large", "mpt", "llama3-8b", "deepseek-v3", "resnet50",
+                         "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b")}
     assert impl == {"gpt": "megatron", "gpt3-175b": "megatron", "gpt2-xl": "megatron", "bert-large": "torch",
-                    "mpt": "fused", "llama3-8b": "fused", "deepseek-v3": "fused", "resnet50": "torch"}
+                    "mpt": "fused", "llama3-8b": "fused", "deepseek-v3": "te", "resnet50": "torch",
+                    "qwen3-30b-a3b": "te", "qwen3-235b-a22b": "te", "gpt-oss-120b": "te"}
 
 
 def test_an_unknown_impl_is_one_clear_line(run, tmp_path):
@@ -71,7 +80,7 @@ def test_an_unknown_impl_is_one_clear_line(run, tmp_path):
     path.write_text("name: m\ninput: [8]\nlayers:\n  - {op: linear, out: 4}\n  - {op: cross_entropy, impl: megatorn}\n")
     code, out, err = run("show", str(path))
     assert code == 2 and err.count("\n") == 1, err
-    assert "m.yaml:5" in err and "impl" in err and "fused, torch, megatron" in err and "megatorn" in err
+    assert "m.yaml:5" in err and "impl" in err and "fused, torch, megatron, te" in err and "megatorn" in err
 
 
 def test_predict_splits_the_loss_over_the_tp_group_and_prices_its_allreduces():

@@ -82,6 +82,22 @@ def test_megatron_cross_entropy_matches_a_hand_count_of_its_kernels():
     assert _loss("megatron", 4)[3] == (5 + 12, 1 + 6)           # an fp32 model has no cast
 
 
+def test_te_cross_entropy_matches_a_hand_count_of_its_triton_kernels():
+    """transformer_engine/pytorch/triton/cross_entropy.py @70f53666, per bf16 logit: online_softmax_kernel reads
+    2 B, cross_entropy_kernel reads 2 B and writes the gradient in place (2 B); backward element_mul_kernel reads
+    and writes it (4 B). No fp32 copy, whatever the model dtype. Per token, torch.zeros fills loss_1d (4 B) and
+    m_d_X_y (12 B): two small kernels the vocabulary split does not shrink."""
+    rows, n = 4 * 16, 4 * 16 * 100
+    kernels, fwd, bwd, launches = _loss("te", 2)
+    assert fwd == (2 + 2 + 2) * n + (4 + 12) * rows
+    assert bwd == (2 + 2) * n
+    assert launches == (2 + 2, 1)
+    assert sum(k.cost.fwd_flops for k in kernels) == 7 * n      # max, sub, exp, add; sub, exp, divide
+    assert sum(k.bwd_flops for k in kernels) == n               # multiply by the incoming gradient
+    assert [k.name for k in kernels if not k.split] == ["loss_buffers_zero"]
+    assert _loss("te", 4)[1:3] == (3 * 4 * n + 16 * rows, 2 * 4 * n)  # fp32 logits: the same passes, 4 B each
+    assert OPS["cross_entropy"].saved(_layer("cross_entropy", (16, 100), impl="te"), 2) == 2 * 16 * 100
+
 def test_unfused_losses_save_the_fp32_softmax():
     layer = _layer("cross_entropy", (16, 100), impl="megatron")
     assert OPS["cross_entropy"].saved(layer, 2) == 4 * 16 * 100

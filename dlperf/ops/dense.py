@@ -534,7 +534,7 @@ ATTENTION = OpRule(
 # ---- loss -----------------------------------------------------------------------------------------------
 
 FP32 = 4                # bytes of an fp32 element: the unfused losses run on an fp32 copy of the logits
-LOSS_IMPLS = ("fused", "torch", "megatron")
+LOSS_IMPLS = ("fused", "torch", "megatron", "te")
 
 # Megatron's vocab-parallel loss, counted per logit element (n = tokens x vocab/tp, fp32 after the upcast) from
 # _VocabParallelCrossEntropy in microsoft/Megatron-DeepSpeed megatron/mpu/cross_entropy.py @34ed99d1 (the
@@ -555,6 +555,24 @@ MEGATRON_BWD = {"passes": 2, "launches": 1, "flops": 1}          # mul_
 MEGATRON_ROW = {"launches": 12, "bwd_launches": 6, "bytes": 139, "bwd_bytes": 81}
 
 
+# Transformer Engine's Triton parallel cross entropy, which Megatron-Core runs when cross_entropy_loss_fusion is set
+# with cross_entropy_fusion_impl 'te' (compute_language_model_loss, NVIDIA/Megatron-LM
+# megatron/core/models/common/language_module/language_module.py @3758b54b lines 141-162, passing the logits in
+# the model dtype: no .float() before it, megatron/core/models/gpt/gpt_model.py line 709). Kernels per logit
+# element, from transformer_engine/pytorch/triton/cross_entropy.py cross_entropy_forward / cross_entropy_backward
+# at the versions Megatron-Bridge pins (release_v2.7 @0289e763, release_v2.9 @70f53666, 2.14 @71bbefbf and
+# @f031cf87, 2.16 @f8a01cd5, 2.17.1 @4329ff84, all the same): forward online_softmax_kernel reads the logits (row
+# max, sum of exponentials, target logit: max, subtract, exp, add), cross_entropy_kernel reads them again and writes
+# the gradient softmax - onehot in place in the logits' dtype (subtract, exp, divide): 3 passes, 2 launches, 7
+# FLOPs with 2 exps. Backward element_mul_kernel scales that gradient by grad_output in place (read, write, 1
+# FLOP): 2 passes, 1 launch (its torch.equal(grad_output, 1.0) shortcut never fires: grad_output is [b, s], the
+# scalar's size differs). TE >= 2.18 writes an fp32 gradient instead (@01bbe3ee, "Fix the numerical issue with the
+# Fused CE loss"), after every pinned version.
+TE_FWD = {"passes": 3, "launches": 2, "flops": 7}
+TE_BWD = {"passes": 2, "launches": 1, "flops": 1}
+# Forward torch.zeros fills of the per-token buffers: loss_1d (1 fp32) and m_d_X_y (3 fp32), written once each.
+TE_ROW = {"launches": 2, "bytes": 4 * FP32}
+
 def _upcast(n: Any, e: int) -> Kernel | None:
     """The logits' fp16/bf16 -> fp32 copy and, backward, its gradient cast back: one read of e bytes and one write
     of 4 (reversed backward) per element. Megatron-LM calls `.float()` on the logits unless --fp16-lm-cross-entropy
@@ -571,11 +589,9 @@ def _upcast(n: Any, e: int) -> Kernel | None:
 def _fused_loss(n: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
     """One kernel per pass in the model dtype (Transformer Engine's parallel_cross_entropy, flash-attn's and
     llm-foundry's fused xentropy): forward reads the logits and writes the loss/statistics, backward reads them
-    and writes p - onehot, 2 passes each. Megatron-Core's --cross-entropy-loss-fusion picks this with
-    cross_entropy_fusion_impl 'te' (TE's Triton kernels, NVIDIA/TransformerEngine
-    transformer_engine/pytorch/triton/cross_entropy.py @02965d2e: an online-softmax read forward, one read and one
-    in-place write backward, 3 passes where 4 are counted here); its 'native' impl torch.compiles Megatron's own
-    steps with one allreduce fewer (megatron/core/fusions/fused_cross_entropy.py @d98e8a64), not modelled apart."""
+    and writes p - onehot, 2 passes each. Transformer Engine's kernels, which Megatron-Core's 'te' fusion runs,
+    are `te` (_te_loss); the 'native' fusion torch.compiles Megatron's own steps with one allreduce fewer
+    (megatron/core/fusions/fused_cross_entropy.py @3758b54b), not modelled apart."""
     return (Kernel("softmax_nll", "transcendental", Cost(
         fwd_flops=5 * n, bwd_data_flops=n, fwd_bytes=2 * e * n, bwd_bytes=2 * e * n, depth=depth, bwd_depth=1,
     ), launches=1, bwd_launches=1),)
@@ -592,6 +608,18 @@ def _torch_loss(n: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
         bwd_depth=1), launches=2, bwd_launches=3)
     return (cast, loss) if cast else (loss,)
 
+
+def _te_loss(n: Any, rows: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
+    """Transformer Engine's parallel cross entropy (the TE_* counts above): 3 passes over the logits in the model
+    dtype in 2 kernels forward, 2 in 1 backward, no fp32 copy; the two zero-filled per-token buffers are kernels
+    tensor parallelism does not divide (every rank holds every token)."""
+    loss = Kernel("te_cross_entropy", "transcendental", Cost(
+        fwd_flops=TE_FWD["flops"] * n, bwd_data_flops=TE_BWD["flops"] * n, fwd_bytes=TE_FWD["passes"] * e * n,
+        bwd_bytes=TE_BWD["passes"] * e * n, depth=depth, bwd_depth=1), launches=TE_FWD["launches"],
+        bwd_launches=TE_BWD["launches"])
+    buffers = Kernel("loss_buffers_zero", "memory", Cost(fwd_bytes=TE_ROW["bytes"] * rows, depth=1),
+                     launches=TE_ROW["launches"], bwd_launches=0, split=False)
+    return (loss, buffers)
 
 def _megatron_loss(n: Any, rows: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
     """Megatron-LM's vocab-parallel loss (the MEGATRON_* counts above): the upcast, 5 separate element-wise and
@@ -616,12 +644,16 @@ def _megatron_loss(n: Any, rows: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
 def _cross_entropy_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     """Softmax over classes (max, subtract, exp, sum, divide: 5 FLOPs/element) + negative log-likelihood, as the
     training stack named by `impl` runs it: `fused` (one kernel per pass in the model dtype), `torch`
-    (F.cross_entropy on fp32 logits) or `megatron` (Megatron-LM's vocab-parallel loss, separate fp32 kernels)."""
+    (F.cross_entropy on fp32 logits), `megatron` (Megatron-LM's vocab-parallel loss, separate fp32 kernels) or `te`
+    (Transformer Engine's Triton kernels in the model dtype, Megatron-Core's 'te' loss fusion)."""
     n = batch * numel(layer.in_shape)
     depth = 2 * clog2(layer.in_shape[-1])
     impl = layer["impl"]
+    rows = batch * numel(layer.in_shape[:-1])
     if impl == "megatron":
-        loss = _megatron_loss(n, batch * numel(layer.in_shape[:-1]), depth, e)
+        loss = _megatron_loss(n, rows, depth, e)
+    elif impl == "te":
+        loss = _te_loss(n, rows, depth, e)
     elif impl == "torch":
         loss = _torch_loss(n, depth, e)
     else:
@@ -644,9 +676,9 @@ def _metric_kernel(metrics: Any, n: Any, e: int, depth: Any) -> Kernel:
 
 
 def _cross_entropy_saved(layer: Layer, e: int) -> Any:
-    """What the backward reads: the softmax (megatron) or log-softmax (torch) of the fp32 copy, or the fused
-    kernel's logits in the model dtype."""
-    return (e if layer["impl"] == "fused" else max(e, FP32)) * numel(layer.in_shape)
+    """What the backward reads: the softmax (megatron) or log-softmax (torch) of the fp32 copy, the fused
+    kernel's logits or TE's in-place gradient, in the model dtype."""
+    return (e if layer["impl"] in ("fused", "te") else max(e, FP32)) * numel(layer.in_shape)
 
 
 def _cross_entropy_check(shape: tuple, a: dict) -> None:
