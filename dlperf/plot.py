@@ -15,10 +15,10 @@ from typing import Any
 
 BREAKDOWN_COLORS = {
     "compute/forward": "#4C72B0", "compute/backward": "#55A868", "compute/recompute": "#8172B2",
-    "comm/tp": "#C44E52", "comm/pp_p2p": "#DD8452", "pipeline/bubble": "#937860",
-    "comm/dp_allreduce": "#DA8BC3", "optimizer": "#8C8C8C", "overhead/host": "#CCB974", "comm/ep": "#64B5CD",
-    "comm/cp": "#8DA0CB", "compute/grad_accumulation": "#A6D854", "compute/straggler": "#E78AC3",
-    "comm/host_offload": "#66C2A5", "input/cpu": "#FFD92F", "overhead/metric_sync": "#B3B3B3",
+    "compute/grad_accumulation": "#A6D854", "compute/straggler": "#E78AC3", "comm/tp": "#C44E52",
+    "comm/ep": "#64B5CD", "comm/cp": "#8DA0CB", "comm/pp_p2p": "#DD8452", "pipeline/bubble": "#937860",
+    "comm/dp_allreduce": "#DA8BC3", "comm/host_offload": "#66C2A5", "overhead/host": "#CCB974",
+    "optimizer": "#8C8C8C", "overhead/metric_sync": "#B3B3B3", "input/cpu": "#FFD92F",
 }
 # validation units as axis labels (dlperf/validate.py UNITS)
 UNIT_LABELS = {
