@@ -37,8 +37,11 @@ MX_SWIZZLES = ("quantize", "gemm")
 # prefetch (PyTorch FSDP, the default); "megatron-fsdp", Megatron-Core's FSDP (use_megatron_fsdp), which gathers and
 # reduces as "fsdp" does but keeps a 16-bit or FP8 model-weight shard beside the fp32 main weights
 # (dlperf.engine.memory); "deepspeed-0.3", DeepSpeed v0.3.12-v0.4.0's stage 3 (per-tensor gathers through list
-# collectives, device-wide synchronisation, bucketed gradient allreduce).
-ZERO_IMPLS = ("fsdp", "megatron-fsdp", "deepspeed-0.3")
+# collectives, device-wide synchronisation, bucketed gradient allreduce). At stage 2, "fsdp" is PyTorch FSDP's
+# SHARD_GRAD_OP (per-block gathers in every forward); at stage 1 it prices DeepSpeed ZeRO-1's gather after the step
+# (FSDP has no stage 1), and "megatron" is Megatron-Core's distributed optimizer, whose overlap_param_gather hides
+# the gather bucket by bucket behind the next forward (dlperf.engine.step._megatron_param_gather).
+ZERO_IMPLS = ("fsdp", "megatron-fsdp", "deepspeed-0.3", "megatron")
 PER_BLOCK_ZERO_IMPLS = ("fsdp", "megatron-fsdp")  # one gather per repeated block with prefetch
 # Who runs the data-parallel gradient allreduce (dlperf.engine.horovod): "nccl", the framework calling NCCL itself
 # (PyTorch DDP's buckets, Megatron-LM); "horovod-0.19", Horovod v0.18-v0.20's background thread (5 ms negotiation
@@ -101,7 +104,7 @@ class Plan:
     cp_algorithm: str = "ring"           # ring attention (KV passed around) or ulysses (all-to-all over heads)
     moe_imbalance: float | None = None   # busiest expert rank's tokens / mean (None: MOE_IMBALANCE)
     ep_overlap: bool = False             # dispatch/combine hidden behind an adjacent micro-batch (combined 1F1B)
-    zero_impl: str = "fsdp"              # which ZeRO-3 implementation runs (ZERO_IMPLS)
+    zero_impl: str = "fsdp"              # which ZeRO implementation runs (ZERO_IMPLS)
     dp_impl: str = "nccl"                # who runs the data-parallel gradient allreduce (DP_IMPLS)
     recompute_modules: tuple[str, ...] = ()  # layer parts recomputed in backward (RECOMPUTE_MODULES)
     fp8_activations: bool = False        # Linear inputs inside MLA/MoE cached in FP8 (DeepSeek-V3 Sec. 3.3.3)
@@ -213,7 +216,10 @@ def _check_impls(plan: Plan) -> None:
         raise PlanError("optimizer_impl per-tensor is torch.optim's loop over whole parameter tensors; ZeRO "
                         "updates flat shards", expected="zero: 0", found=plan.zero)
     _choice("zero_impl", plan.zero_impl, ZERO_IMPLS)
-    if plan.zero_impl != "fsdp" and plan.zero != 3:
+    if plan.zero_impl == "megatron" and plan.zero != 1:
+        raise PlanError("zero_impl megatron is Megatron-Core's distributed optimizer, ZeRO stage 1", expected="zero: 1",
+                        found=plan.zero)
+    if plan.zero_impl not in ("fsdp", "megatron") and plan.zero != 3:
         raise PlanError(f"zero_impl {plan.zero_impl} describes ZeRO stage 3", expected="zero: 3", found=plan.zero)
     if plan.zero_impl == "deepspeed-0.3" and (plan.pp > 1 or plan.cp > 1 or plan.ep > 1):
         # priced for a flat data-parallel group only (dlperf.engine.zero_impl counts one stage's tensors, dp ranks)

@@ -229,8 +229,9 @@ def test_the_zero3_rows_of_narayanan_table2_name_deepspeed():
 
 
 @pytest.mark.parametrize(("plan", "message"), [
-    (Plan(devices=8, global_batch=8, zero=3, zero_impl="megatron"),
-     "expected one of fsdp, megatron-fsdp, deepspeed-0.3"),
+    (Plan(devices=8, global_batch=8, zero=3, zero_impl="colossalai"),
+     "expected one of fsdp, megatron-fsdp, deepspeed-0.3, megatron"),
+    (Plan(devices=8, global_batch=8, zero=3, zero_impl="megatron"), "distributed optimizer, ZeRO stage 1"),
     (Plan(devices=8, global_batch=8, zero=1, zero_impl="deepspeed-0.3"), "describes ZeRO stage 3"),
     (Plan(devices=8, pp=2, global_batch=8, zero=3, zero_impl="deepspeed-0.3"), "without pipeline"),
 ])
@@ -240,7 +241,8 @@ def test_bad_plans_are_refused(plan, message):
 
 
 @pytest.mark.parametrize(("new", "message"), [
-    ("zero_impl: megatron, ", "expected one of fsdp, megatron-fsdp, deepspeed-0.3"),
+    ("zero_impl: colossalai, ", "expected one of fsdp, megatron-fsdp, deepspeed-0.3, megatron"),
+    ("zero_impl: megatron, ", "distributed optimizer, ZeRO stage 1"),
     ("zero_impl: 3, ", "expected a name"),
     ("zero_impl: deepspeed-0.3, ", "describes ZeRO stage 3"),
     ("zero_impl: megatron-fsdp, ", "describes ZeRO stage 3"),

@@ -50,10 +50,11 @@ def plan_options(fn: Callable) -> Callable:
                           "Ulysses all-to-alls over heads."),
         click.option("--zero-impl", type=click.Choice(list(ZERO_IMPLS)), default="fsdp",
                      show_default=True,
-                     help="How ZeRO-3 runs: PyTorch FSDP's per-block gathers with prefetch (fp32 shards), "
+                     help="How ZeRO runs: at ZeRO-3, PyTorch FSDP's per-block gathers with prefetch (fp32 shards), "
                           "Megatron-Core's FSDP (the same gathers; a 16-bit or FP8 weight shard beside fp32 main "
                           "weights), or DeepSpeed v0.3's stage 3 (per-tensor list gathers, device-wide syncs, "
-                          "bucketed allreduce)."),
+                          "bucketed allreduce). At ZeRO-2, fsdp is FSDP's SHARD_GRAD_OP; at ZeRO-1, megatron is "
+                          "Megatron-Core's distributed optimizer (parameter gather overlapped with the next forward)."),
         click.option("--dp-impl", type=click.Choice(list(DP_IMPLS)), default="nccl", show_default=True,
                      help="Who runs the data-parallel gradient allreduce: the framework calling NCCL (DDP, "
                           "Megatron-LM) or Horovod v0.18-v0.20's background thread (5 ms negotiation cycle, 64 MiB "

@@ -7,6 +7,7 @@ forward + backward (+ recomputation) + optimizer.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NamedTuple
@@ -490,7 +491,7 @@ class StepModel:
     def _dp_time(self, plan: Plan, slow: StageCost, dtype: str, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
         key = (id(slow), plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
                plan.parameter_server, plan.compression, plan.grad_dtype, dtype, plan.fp8_param_gather, plan.cp,
-               plan.ep, plan.zero_impl, plan.dp_impl, twin)
+               plan.ep, plan.zero_impl, plan.dp_impl, plan.schedule, plan.virtual_stages, twin)
         if key not in self._dp:
             if plan.zero == 3 and plan.zero_impl == "deepspeed-0.3":
                 self._dp[key] = _deepspeed_zero3(self.hw, plan, slow, dtype, self.comm,
@@ -808,20 +809,71 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     if plan.zero == 3:
         return (0.0, 0.0) + _zero3_per_micro(comm, hw, group, weight_bytes, grad_bytes, units, slow.forward_window,
                                              window, overlap, stolen)
+    if plan.zero == 2 and overlap and plan.zero_impl == "fsdp":
+        # FSDP's SHARD_GRAD_OP: per-block gathers in every micro-batch's forward, none in its backward
+        return (0.0, 0.0) + _zero3_per_micro(comm, hw, group, weight_bytes, grad_bytes, units, slow.forward_window,
+                                             window, overlap, stolen, backward_gathers=False)
     reduce = comm.collective_time("reduce_scatter", grad_bytes, group, hw)
     # FP8 parameter all-gather (Megatron-LM --fp8-param-gather; torchtitan/FSDP2 enable_fsdp_float8_all_gather):
     # the sharded parameters travel as their FP8 casts, one byte each (MXFP8: in bf16, param_gather_bytes)
-    gather = comm.collective_time("allgather", params * param_gather_bytes(dtype) if plan.fp8_param_gather
-                                  else weight_bytes, group, hw)
-    if plan.zero == 1:
+    gather_bytes = params * param_gather_bytes(dtype) if plan.fp8_param_gather else weight_bytes
+    gather = comm.collective_time("allgather", gather_bytes, group, hw)
+    if plan.zero == 1 and overlap and plan.zero_impl == "megatron":
+        exposed = _megatron_param_gather(comm, hw, plan, group, params, gather_bytes, slow.forward_window, stolen)
+        return reduce + gather, hidden_behind(reduce, window, last_bucket) + exposed, 0.0, 0.0
+    if plan.zero == 1:  # DeepSpeed ZeRO-1 gathers after the step, synchronously (stage_1_and_2.py @38327e07:1930)
         return reduce + gather, hidden_behind(reduce, window, last_bucket) + gather, 0.0, 0.0
     # ZeRO-2: gradients are kept as shards, so every micro-batch's backward reduce-scatters them
     return gather, gather, reduce, hidden_behind(reduce, window, last_bucket)
 
 
+# Megatron-Bridge's data-parallel bucket, in parameters: 128 Mi whenever dp > 1 (src/megatron/bridge/training/
+# comm_overlap.py @0a25f911:611-612, _get_optimizer_overlap_cfgs). Megatron-LM's own default is max(40M, 1M x dp)
+# (megatron/training/training.py @3758b54b:1476-1479); the rows that use zero_impl megatron are Megatron-Bridge's.
+MEGATRON_BUCKET_PARAMS = 128 * 1024 * 1024
+
+
+def _megatron_param_gather(comm: Any, hw: Hardware, plan: Plan, group: Any, params: Any, gather_bytes: Any,
+                           forward: Any, stolen: float) -> Any:
+    """Exposed seconds per step of Megatron-Core's distributed-optimizer parameter all-gather with
+    overlap_param_gather (NVIDIA/Megatron-LM @3758b54b; the same at @92c8482e). The optimizer step leaves the
+    gather to the next iteration (optimizer/distrib_optimizer.py:2627-2631); forward pre-hooks wait for each
+    bucket as its first module runs (distributed/distributed_data_parallel.py:388-422). Buckets hold the
+    parameters in reverse order, the first layers in the last bucket (param_and_grad_buffer.py:908-909).
+
+    - Without interleaving (align_param_gather is off: training/arguments.py:845 and Megatron-Bridge's
+      comm_overlap.py @0a25f911:616-618), the first forward's pre-hook dispatches the first bucket and waits
+      for it, and each completed bucket dispatches the next (param_and_grad_buffer.py:449-467): one bucket
+      exposed, each later one hidden behind the previous bucket's share of the first micro-batch's forward
+      (`_pipelined`). With pp > 1 every stage starts that when its first micro-batch arrives, so the waits add
+      up along the pipeline's fill: pp times.
+    - Interleaved (align_param_gather on): every stage dispatches all of its first model chunk's buckets at the
+      start of the step, and the second chunk's (pipeline_parallel/schedules.py:1085-1087); each later chunk a
+      pipeline's worth of micro-batches before it runs (schedules.py:1207-1219; chunks after the first are one
+      bucket each, training.py:1498). The first stage's first forward waits for its first layers' bucket,
+      dispatched last: the whole first chunk is exposed; the rest hides behind compute (other stages' first
+      chunks behind the fill). Hidden gathers slow the compute by the SMs they hold (`stolen`).
+    """
+    gather = comm.collective_time("allgather", gather_bytes, group, hw)
+    if plan.schedule == "interleaved":
+        first_chunk = comm.collective_time("allgather", gather_bytes / plan.virtual_stages, group, hw)
+        return first_chunk + stolen * mathx.maximum(gather - first_chunk, 0.0)
+    buckets = max(math.ceil(params / MEGATRON_BUCKET_PARAMS), 1)
+    bucket = comm.collective_time("allgather", gather_bytes / buckets, group, hw)
+    return plan.pp * _pipelined(bucket, forward / buckets, buckets, 0.0, stolen)
+
+
 def _zero3_per_micro(comm: Any, hw: Hardware, group: Any, weight_bytes: float, grad_bytes: float, units: int,
-                     forward: Any, backward: Any, overlap: bool, stolen: float = 0.0) -> tuple[Any, Any]:
+                     forward: Any, backward: Any, overlap: bool, stolen: float = 0.0,
+                     backward_gathers: bool = True) -> tuple[Any, Any]:
     """(total, exposed) ZeRO-3 communication of one micro-batch: what limits hiding the parameter gathers.
+    `backward_gathers` False prices PyTorch FSDP's SHARD_GRAD_OP (ZeRO-2) instead: it gathers per block in the
+    forward as FULL_SHARD does, keeps the gathered blocks through the backward (_post_forward_reshard frees only
+    RESHARD_AFTER_FORWARD strategies) and frees them after it when gradients sync (_should_free_in_backward;
+    torch/distributed/fsdp/_runtime_utils.py, PyTorch 2.13: lines 486-499, 811-827), which composer does every
+    micro-batch (an FSDP module is no DistributedDataParallel, so no no_sync: composer/trainer/trainer.py
+    @v0.16.4:2377): every micro-batch gathers again. limit_all_gathers waits only on freed blocks' events
+    (_unshard, _reshard: lines 297-303, 320-327), which its forward never records.
 
     - Granularity: parameters are gathered one unit at a time (FSDP wraps each transformer block; Zhao et al.
       2023, "PyTorch FSDP", VLDB, section 3.2), so each of the L units gathers weight_bytes/L and reduce-scatters
@@ -844,10 +896,11 @@ def _zero3_per_micro(comm: Any, hw: Hardware, group: Any, weight_bytes: float, g
     L = max(int(units), 1)
     g = comm.collective_time("allgather", weight_bytes / L, group, hw)
     r = comm.collective_time("reduce_scatter", grad_bytes / L, group, hw)
-    total = L * (2 * g + r)
+    g_back = g if backward_gathers else 0.0
+    total = L * (g + g_back + r)
     if not overlap:
         return total, total
-    return total, (_pipelined(g, forward / L, L, 0.0, stolen) + _pipelined(g + r, backward / L, L, r, stolen))
+    return total, (_pipelined(g, forward / L, L, 0.0, stolen) + _pipelined(g_back + r, backward / L, L, r, stolen))
 
 
 def _deepspeed_zero3(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
