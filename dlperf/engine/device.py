@@ -17,7 +17,7 @@ from typing import Any
 from dlperf import mathx
 from dlperf.ops.base import Kernel
 from dlperf.ops.headdim import head_dim_rate
-from dlperf.spec.hardware import Device, Efficiency
+from dlperf.spec.hardware import DEFAULT_DISPATCH, Device, Efficiency
 
 # tensor-core kernels, timed at the dtype's peak
 MATRIX_CLASSES = ("matmul", "conv", "attention", "attention_fa3", "matmul_fp8")
@@ -193,6 +193,10 @@ def sync_gap(device: Device) -> float:
 
 
 def dispatch_times(kernel: Kernel, device: Device) -> tuple[Any, Any]:
-    """(forward, backward) host seconds to issue the kernel's operators (DEFAULT_DISPATCH in spec/hardware.py)."""
+    """(forward, backward) host seconds to issue the kernel's operators (DEFAULT_DISPATCH in spec/hardware.py),
+    plus the library's own per-expert host work (`library_host`, reference-host seconds) scaled as the forward
+    dispatch is scaled from DEFAULT_DISPATCH (the host's speed, or a measured dispatch)."""
     fwd, bwd = kernel.host_ops
-    return fwd * device.dispatch_forward, bwd * device.dispatch_backward
+    lib_fwd, lib_bwd = kernel.library_host
+    scale = device.dispatch_forward / DEFAULT_DISPATCH[0]
+    return fwd * device.dispatch_forward + scale * lib_fwd, bwd * device.dispatch_backward + scale * lib_bwd

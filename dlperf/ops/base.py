@@ -63,6 +63,9 @@ class Kernel:
     measured only relative to the one the curve describes (FlashAttention in Triton against FlashAttention-2).
     `syncs` counts the forward's host synchronisations (a `.item()` or `torch.nonzero` waits for the device):
     after each the device runs dry until the host issues the next kernel (dlperf.engine.device.sync_gap).
+    `library_host` is (forward, backward) host seconds, at the reference host's speed, that a library spends
+    inside its framework operators issuing per-expert work the operators' dispatch does not cover (Transformer
+    Engine's grouped GEMM and grouped quantize: dlperf.ops.moe.per_expert_gemm_host, dlperf.ops.fp8).
     """
 
     name: str
@@ -85,6 +88,7 @@ class Kernel:
     seq: Any = None  # a fused attention kernel: the key length its query blocks loop over (curve's seq_half)
     head_dim: Any = None  # a fused attention kernel: its head dim, for its curve's rate there (dlperf.ops.headdim)
     syncs: Any = 0
+    library_host: tuple[Any, Any] = (0.0, 0.0)
 
     @property
     def backward_launches(self) -> Any:

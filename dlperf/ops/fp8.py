@@ -53,6 +53,7 @@ from typing import Any
 
 from dlperf.cost import Cost
 from dlperf.ops.base import BYTES_PER_ELEMENT, Kernel, Layer, numel
+from dlperf.spec.hardware import LAUNCH_CALL
 
 FP8_GEMM = "matmul_fp8"      # kernel class: a low-precision GEMM, timed on the recipe dtype's peak and GEMM curve
 # the low-precision training recipes: per-tensor scaled FP8, MXFP8 (block-scaled FP8) and NVFP4 (block-scaled FP4)
@@ -170,8 +171,9 @@ def fp8_kernels(kernels: list[Kernel], e: int, recipe: str = "fp8", scaling: str
             continue
         m, k, n = kernel.weight_gemm
         launches = quantize_launches(recipe, scaling, kernel.weight_groups)
-        out += [_cast_kernel(f"{kernel.name}_fp8_cast", m * k, m * n, e, b, reads, rht, launches),
-                _fp8_gemm(kernel, m, k, n, e, b)]
+        cast = _cast_kernel(f"{kernel.name}_fp8_cast", m * k, m * n, e, b, reads, rht, launches)
+        host = per_expert_quantize_host(recipe, scaling, kernel.weight_groups)
+        out += [replace(cast, library_host=(host, host)), _fp8_gemm(kernel, m, k, n, e, b)]
         if recipe == "mxfp8":
             gathered = (kernel.tp_dim or sp_dim) if sp_dim and kernel.split and not kernel.expert else None
             out.append(mx_swizzle_kernel(kernel, swizzle, gathered))
@@ -222,6 +224,15 @@ def quantize_launches(recipe: str, scaling: str, groups: Any = 1) -> Any:
     if (recipe == "fp8" and scaling == "delayed") or not isinstance(groups, int) or groups <= 1:
         return per_tensor
     return per_tensor * groups
+
+
+def per_expert_quantize_host(recipe: str, scaling: str, groups: Any = 1) -> Any:
+    """Reference-host seconds one grouped quantization (tex.split_quantize, one framework operator) spends
+    launching its per-expert kernels beyond one tensor's (quantize_launches): multi_tensor_quantize_impl
+    (pytorch/csrc/extensions/cast.cpp line 119 on, TE v2.9 @70f53666) quantizes each expert's rows with a call of
+    its own, each launch a driver launch call (LAUNCH_CALL). Left out, with no published cost found: the
+    per-expert output tensors and their Python wrappers it builds."""
+    return (quantize_launches(recipe, scaling, groups) - quantize_launches(recipe, scaling)) * LAUNCH_CALL
 
 
 def _fp8_gemm(kernel: Kernel, m: Any, k: Any, n: Any, e: int, b: float = FP8) -> Kernel:

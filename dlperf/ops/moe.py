@@ -32,6 +32,7 @@ from dlperf.ops.base import (
     numel,
 )
 from dlperf.ops.dense import causal_speedup, gemm
+from dlperf.spec.hardware import CUBLASLT_HEURISTIC, LAUNCH_CALL
 
 ROUTER_DTYPE = "fp32"
 ROUTER_BYTES = 4
@@ -78,8 +79,9 @@ def grouped_gemm(name: str, m: Any, k: Any, n: Any, e: int, groups: Any, tp_dim:
     sees four [m_g, k] x [k, n] GEMMs (the weight gradient four [k, n] outputs reduced over m_g rows each, not
     one reduced over all m rows), and each of the ceil(groups / 4) rounds pays a kernel's startup and launch
     latency on the device. The host issues one framework operator per pass and direction; the per-expert
-    launches come from TE's C++ loop (framework_ops, as cuDNN's transform kernels). A single-kernel grouped GEMM
-    (DeepGEMM's contiguous layout, CUTLASS grouped GEMM) is the case of as many streams as groups."""
+    GEMMs come from TE's C++ loop, each a cuBLASLt call of its own (per_expert_gemm_host). A single-kernel
+    grouped GEMM (DeepGEMM's contiguous layout, CUTLASS grouped GEMM) is the case of as many streams as
+    groups."""
     kernel = gemm(name, m, k, n, e, tp_dim=tp_dim)
     more = e * (groups - 1) * k * n
     kernel = replace(kernel, cost=replace(kernel.cost, fwd_bytes=kernel.cost.fwd_bytes + more,
@@ -88,8 +90,26 @@ def grouped_gemm(name: str, m: Any, k: Any, n: Any, e: int, groups: Any, tp_dim:
         return kernel
     concurrent = min(TE_GEMM_STREAMS, groups)
     rounds = -(-groups // concurrent)
+    host = per_expert_gemm_host(groups)
     return replace(kernel, gemm=(concurrent, m / groups, n, k), launches=rounds, bwd_launches=2 * rounds,
-                   framework_ops=1)
+                   framework_ops=1, library_host=(host, 2 * host))
+
+
+def per_expert_gemm_host(groups: int) -> float:
+    """Reference-host seconds one grouped-GEMM call spends on its experts beyond the one GEMM its framework
+    operator's dispatch covers (DEFAULT_DISPATCH: the operator and one launch call): every further expert is one
+    more cuBLASLt call, which queries the heuristic and launches the kernel. Transformer Engine (v2.9 @70f53666,
+    the same through v2.16) loops over the experts in C++: common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm
+    (line 941) calls nvte_cublas_gemm_v2 per expert, and cublas_gemm builds the cuBLASLt descriptors (lines
+    430-437), queries cublasLtMatmulAlgoGetHeuristic (line 722, no algorithm cache in TE), launches
+    (cublasLtMatmul, line 730) and destroys the descriptors (lines 748-753) on every call. Priced: the launch call
+    (LAUNCH_CALL) and the heuristic query (CUBLASLT_HEURISTIC), the parts with a published cost. Left out, with
+    none found: the descriptor create/set/destroy calls, pytorch/csrc/extensions/gemm.cpp te_general_grouped_gemm's
+    per-expert tensor wrappers (makeTransformerEngineTensor of A and B, at::from_blob of D, line 413 on) and
+    grouped_linear.py's per-expert Python (quantizer set_usage, get_weight_workspace, update_usage, and backward's
+    per-expert torch.empty for Megatron's main_grad, handle_custom_ddp_from_mcore): a lower bound. Per pass and
+    direction; the backward makes two such calls (data and weight gradient)."""
+    return (groups - 1) * (LAUNCH_CALL + CUBLASLT_HEURISTIC)
 
 
 def _ffn_kernels(prefix: str, rows: Any, d: Any, f: Any, gated: bool, e: int, expert: bool,
