@@ -18,18 +18,19 @@ def test_each_rank_adds_its_per_state_work_to_every_synced_state():
     """Doubling the world from 256 to 512 adds 256 ranks' zeros_like and copy-back to each of the 4 synced states
     (2 composer metrics x 2 states), on top of collectives that only grow."""
     model, hw = load_model("mpt", MPT_1B), load_hardware("dgx-h100")
-    states = STATES_PER_METRIC * synced_metrics(model)
+    metrics = synced_metrics(model)
+    states = STATES_PER_METRIC * metrics
     assert states == 4
-    grown = metric_sync_time(model, hw, _plan(512), comm) - metric_sync_time(model, hw, _plan(256), comm)
+    grown = metric_sync_time(metrics, hw, _plan(512), comm) - metric_sync_time(metrics, hw, _plan(256), comm)
     assert grown >= states * 256 * per_rank_time(hw) > 0
 
 
 def test_one_device_or_no_metrics_syncs_nothing():
     """No peers, or a model without composer's training metrics (gpt), pays nothing."""
     hw = load_hardware("dgx-h100")
-    assert metric_sync_time(load_model("mpt", MPT_1B), hw, _plan(1), comm) == 0.0
+    assert metric_sync_time(synced_metrics(load_model("mpt", MPT_1B)), hw, _plan(1), comm) == 0.0
     assert synced_metrics(load_model("gpt")) == 0
-    assert metric_sync_time(load_model("gpt"), hw, _plan(64), comm) == 0.0
+    assert metric_sync_time(synced_metrics(load_model("gpt")), hw, _plan(64), comm) == 0.0
 
 
 def test_the_sync_is_exposed_in_the_step_and_its_breakdown():
@@ -37,5 +38,5 @@ def test_the_sync_is_exposed_in_the_step_and_its_breakdown():
     model, hw = load_model("mpt", MPT_1B), load_hardware("dgx-h100")
     result = predict(model, hw, _plan(128))
     sync = result.breakdown_s["overhead/metric_sync"]
-    assert sync == metric_sync_time(model, hw, _plan(128), comm) > 0
+    assert sync == metric_sync_time(synced_metrics(model), hw, _plan(128), comm) > 0
     assert result.step_time_s >= sync + result.breakdown_s["compute/forward"] + result.breakdown_s["compute/backward"]

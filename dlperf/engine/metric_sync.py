@@ -53,11 +53,11 @@ def synced_metrics(model: Model) -> int:
                if layer.op == "cross_entropy")
 
 
-def metric_sync_time(model: Model, hw: Hardware, plan: Plan, comm: Any) -> float:
+def metric_sync_time(metrics: int, hw: Hardware, plan: Plan, comm: Any) -> float:
     """Exposed seconds per step of composer's per-batch collectives and train-metric sync over the world group
     (module doc); 0 on one device or for a model that declares no training metrics."""
     ranks = plan.devices
-    states = STATES_PER_METRIC * synced_metrics(model)
+    states = STATES_PER_METRIC * metrics
     if ranks == 1 or states == 0:
         return 0.0
     world = comm.Group(ranks, 1)

@@ -21,7 +21,7 @@ from dlperf.engine.device import sync_gap
 from dlperf.engine.grad_passes import grad_pass_time
 from dlperf.engine.input import input_note, input_wait
 from dlperf.engine.layers import element_bytes, tp_uses
-from dlperf.engine.metric_sync import metric_sync_time
+from dlperf.engine.metric_sync import metric_sync_time, synced_metrics
 from dlperf.engine.optimizer_loop import loop_launches, loop_time
 from dlperf.engine.pipeline import (
     balanced_partition,
@@ -128,6 +128,7 @@ class StepModel:
         self.fp8_share = sum(layer.params * n for layer, n in model.counted() if layer in self.fp8) / total \
             if isinstance(total, int) and total else 0.0
         self.layers = len(units(model))
+        self.metrics = synced_metrics(model)  # training metrics synced every step (dlperf.engine.metric_sync)
         self.comm = _PricedComm(_comm(), hw)
         self._stages: dict[tuple, tuple[list[StageCost], StageCost, Any, Any]] = {}
         self._cost: dict[tuple, StageCost] = {}
@@ -321,7 +322,7 @@ class StepModel:
         dp_total, dp_exposed = self._dp_over_stages(plan, stages, slow, dtype, m)
         optimizer = _optimizer_time_split(self.hw, plan, params, max(stages, key=lambda s: s.params).expert_params,
                                           self._fp8_cast_bytes(params, dtype), (loop_launches(self.model, plan), dtype))
-        metric_sync = metric_sync_time(self.model, self.hw, plan, self.comm)
+        metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
         breakdown = {
@@ -491,7 +492,10 @@ class StepModel:
     def _dp_time(self, plan: Plan, slow: StageCost, dtype: str, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
         key = (id(slow), plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
                plan.parameter_server, plan.compression, plan.grad_dtype, dtype, plan.fp8_param_gather, plan.cp,
-               plan.ep, plan.zero_impl, plan.dp_impl, plan.schedule, plan.virtual_stages, twin)
+               plan.ep, plan.zero_impl, plan.dp_impl, twin,
+               # only Megatron's overlapped parameter gather reads the schedule (_megatron_param_gather); keying
+               # every plan on it would reprice the same communication for each schedule a search tries
+               (plan.schedule, plan.virtual_stages) if plan.zero_impl == "megatron" else None)
         if key not in self._dp:
             if plan.zero == 3 and plan.zero_impl == "deepspeed-0.3":
                 self._dp[key] = _deepspeed_zero3(self.hw, plan, slow, dtype, self.comm,
