@@ -338,6 +338,10 @@ def test_zero3_counts_the_gathered_working_set():
      {"fp8_scaling": "current", "zero": 1, "grad_dtype": "fp32"}),
     ("llama3-8b", "dgx-b200", Plan(devices=8, global_batch=16, micro_batch=1, dtype="mxfp8"),
      {"mx_swizzle": "gemm", "zero": 1}),
+    # Megatron's overlapped parameter gather reads the schedule (an interleaved pipeline's first chunk is exposed)
+    ("llama3-8b", "dgx-h100", Plan(devices=16, dp=4, pp=4, global_batch=64, micro_batch=1, zero=1, overlap=True,
+                                   zero_impl="megatron", schedule="interleaved", virtual_stages=2),
+     {"virtual_stages": 4}),
 ])
 def test_memoised_stage_costs_never_leak_between_plans(name, hardware, base, knobs):
     """StepModel memoises stage costs by a key of the plan's fields; a plan that differs in one knob must be
