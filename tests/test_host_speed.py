@@ -10,7 +10,13 @@ import pytest
 from dlperf.engine import predict
 from dlperf.errors import SpecError
 from dlperf.plan import Plan
-from dlperf.spec.hardware import DEFAULT_DISPATCH, load_hardware
+from dlperf.spec.hardware import (
+    DEFAULT_DISPATCH,
+    FRAMEWORK_HOST,
+    GRACE_HOST_SPEED,
+    LAUNCH_CALL,
+    load_hardware,
+)
 from dlperf.spec.model import load_model
 
 
@@ -26,6 +32,17 @@ def test_dispatch_is_the_reference_over_the_host_speed(name: str, speed: float) 
     device = load_hardware(name).device
     assert device.dispatch_forward == pytest.approx(DEFAULT_DISPATCH[0] / speed)
     assert device.dispatch_backward == pytest.approx(DEFAULT_DISPATCH[1] / speed)
+
+
+@pytest.mark.parametrize("name", ["gb200-nvl72", "dgx-gb300"])
+def test_the_launch_call_measured_on_grace_costs_grace_what_was_measured(name: str) -> None:
+    """tritonbench#1017's 3.0 us cuLaunchKernel ran on GB200's Grace: converted to the reference by the speed the
+    Grace files give (1.09 us there), a Grace host pays the measured 3.0 us again, on top of the framework's 20.1
+    us at Grace's speed."""
+    device = load_hardware(name).device
+    assert device.host_speed == GRACE_HOST_SPEED
+    assert pytest.approx(3.0e-6 * 0.362) == LAUNCH_CALL
+    assert device.dispatch_forward == pytest.approx(FRAMEWORK_HOST[0] / 0.362 + 3.0e-6)
 
 
 def test_a_measured_dispatch_wins_over_the_host_estimate(tmp_path) -> None:

@@ -42,14 +42,32 @@ def test_resnet50_holds_torchvisions_161_parameter_tensors():
     assert parameter_tensors(_resnet()) == 53 + 2 * 53 + 2
 
 
-def test_fp16_per_tensor_step_lasts_the_hosts_issuing_time():
+def _host_file(tmp_path, speed: float):
+    """DGX A100 with another host CPU of the given single-thread speed (spec/hardware.py HOST_REFERENCE)."""
+    path = tmp_path / f"host-{speed}.yaml"
+    path.write_text(f"extends: dgx-a100\nname: host-{speed}\ndevice: {{host: {{speed: {speed}, cores: 128}}}}\n")
+    return load_hardware(str(path))
+
+
+def test_fp16_per_tensor_step_lasts_the_hosts_issuing_time(tmp_path):
     """After GradScaler's .item() the device has drained: 161 tensors x (3 momentum kernels + zero_grad) issued by
-    DGX A100's EPYC 7742 (host speed 0.683), longer than the device's 644 launches."""
-    hw = _hw()
+    a host at half the reference's speed (2.04 + 1.09 us per operator / 0.5 = 6.3 us), longer than the device's
+    644 launches (5 us each)."""
+    hw = _host_file(tmp_path, 0.5)
     launches = parameter_tensors(_resnet()) * (KERNELS_PER_TENSOR["momentum"] + ZERO_GRAD_KERNELS)
     host = launches * (OPTIMIZER_OP_HOST + LAUNCH_CALL) / hw.device.host_speed
     assert host > launches * hw.device.launch_latency
-    assert _optimizer_s("fp16", "per-tensor") == pytest.approx(host, rel=1e-9)
+    assert _optimizer_s("fp16", "per-tensor", hw) == pytest.approx(host, rel=1e-9)
+
+
+def test_a_host_faster_than_the_devices_launches_leaves_the_device_bound():
+    """DGX A100's EPYC 7742 (speed 0.683) issues an operator in (2.04 + 1.09) / 0.683 = 4.6 us, under the device's
+    5 us launch latency: the step is the device's, at least the host's issuing time."""
+    hw = _hw()
+    launches = parameter_tensors(_resnet()) * (KERNELS_PER_TENSOR["momentum"] + ZERO_GRAD_KERNELS)
+    host = launches * (OPTIMIZER_OP_HOST + LAUNCH_CALL) / hw.device.host_speed
+    assert host < launches * hw.device.launch_latency
+    assert _optimizer_s("fp16", "per-tensor") > host
 
 
 def test_without_the_sync_only_the_devices_launches_show():
@@ -63,9 +81,8 @@ def test_without_the_sync_only_the_devices_launches_show():
 def test_fused_is_the_default_and_a_faster_host_never_slows_the_loop(tmp_path):
     assert Plan().optimizer_impl == "fused"
     assert _optimizer_s("fp16", "fused") < _optimizer_s("fp16", "per-tensor")
-    fast = tmp_path / "fast.yaml"
-    fast.write_text("extends: dgx-a100\nname: fast-host\ndevice: {host: {speed: 1.5, cores: 128}}\n")
-    assert _optimizer_s("fp16", "per-tensor", load_hardware(str(fast))) < _optimizer_s("fp16", "per-tensor")
+    slow, base, fast = (_optimizer_s("fp16", "per-tensor", _host_file(tmp_path, speed)) for speed in (0.5, 0.683, 1.5))
+    assert slow > base >= fast
 
 
 def test_the_dle_resnet_rows_run_torch_optim_sgds_loop():
