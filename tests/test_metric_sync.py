@@ -1,5 +1,7 @@
 """Composer's per-batch collectives and train-metric sync (dlperf.engine.metric_sync)."""
 
+import pytest
+
 import dlperf.comm as comm
 from dlperf.engine import predict
 from dlperf.engine.metric_sync import STATES_PER_METRIC, metric_sync_time, per_rank_time, synced_metrics
@@ -40,3 +42,17 @@ def test_the_sync_is_exposed_in_the_step_and_its_breakdown():
     sync = result.breakdown_s["overhead/metric_sync"]
     assert sync == metric_sync_time(synced_metrics(model), hw, _plan(128), comm) > 0
     assert result.step_time_s >= sync + result.breakdown_s["compute/forward"] + result.breakdown_s["compute/backward"]
+
+
+def test_a_slower_host_pays_more_per_rank():
+    """The per-rank host work is the reference host's, scaled by the host's speed like every other host cost:
+    Grace (GB200, 0.362 of the reference) pays 1/0.362 of it, where the host and not the device sets the pace."""
+    from dlperf.engine.device import host_scale
+    from dlperf.engine.metric_sync import SLICE_PYTHON_OP_S
+    from dlperf.spec.hardware import LAUNCH_CALL
+
+    for name in ("dgx-h100", "gb200-nvl72", "dgx-a100"):
+        device = load_hardware(name).device
+        host = (SLICE_PYTHON_OP_S + LAUNCH_CALL) * host_scale(device)
+        assert per_rank_time(load_hardware(name)) == pytest.approx(max(host, 2 * device.launch_latency))
+    assert host_scale(load_hardware("gb200-nvl72").device) == pytest.approx(1 / 0.362, rel=0.01)

@@ -198,5 +198,11 @@ def dispatch_times(kernel: Kernel, device: Device) -> tuple[Any, Any]:
     dispatch is scaled from DEFAULT_DISPATCH (the host's speed, or a measured dispatch)."""
     fwd, bwd = kernel.host_ops
     lib_fwd, lib_bwd = kernel.library_host
-    scale = device.dispatch_forward / DEFAULT_DISPATCH[0]
+    scale = host_scale(device)
     return fwd * device.dispatch_forward + scale * lib_fwd, bwd * device.dispatch_backward + scale * lib_bwd
+
+
+def host_scale(device: Device) -> float:
+    """How much longer this device's host takes than the reference host for the same host work: its forward
+    dispatch over the reference's (the host's speed, or a measured dispatch; DEFAULT_DISPATCH)."""
+    return device.dispatch_forward / DEFAULT_DISPATCH[0]

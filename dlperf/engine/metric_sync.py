@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlperf.engine.device import host_scale
 from dlperf.engine.zero_impl import SLICE_PYTHON_OP_S
 from dlperf.plan import Plan
 from dlperf.spec.hardware import LAUNCH_CALL, Hardware
@@ -70,7 +71,8 @@ def metric_sync_time(metrics: int, hw: Hardware, plan: Plan, comm: Any) -> float
 
 def per_rank_time(hw: Hardware) -> float:
     """Seconds one rank adds to one state's gather: the host's zeros_like operator and copy_ launch call, or the
-    device's two tiny kernels, whichever is slower (the host issues while the device runs)."""
-    host = SLICE_PYTHON_OP_S + LAUNCH_CALL
+    device's two tiny kernels, whichever is slower (the host issues while the device runs). The host figures are
+    the reference host's, scaled to this host as every other host cost is (dlperf.engine.device.host_scale)."""
+    host = (SLICE_PYTHON_OP_S + LAUNCH_CALL) * host_scale(hw.device)
     device = KERNELS_PER_RANK * hw.device.launch_latency
     return max(host, device)
