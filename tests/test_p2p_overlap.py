@@ -95,6 +95,15 @@ def test_search_keeps_the_overlap_where_megatron_has_it():
     assert all(p.p2p_overlap == (p.schedule == "interleaved") for p in plans)
 
 
+def test_bridge_rows_overlap_exactly_when_interleaved():
+    # Megatron-Bridge comm_overlap.py:453-463 @0a25f911: overlap_p2p_comm iff pp > 1 and vp > 1
+    rows = [r for r in load_dataset([DATA_DIR / "megatron_bridge.yaml"]) if r.source == "megatron-bridge-perf"]
+    assert rows
+    for row in rows:
+        interleaved = row.plan.pp > 1 and row.plan.schedule == "interleaved"
+        assert row.plan.p2p_overlap == interleaved, row.id
+
+
 def test_other_sources_keep_blocking_sends():
     # Megatron-LM added overlap_p2p_comm on 2023-05-31 (f9283c5a); the 2021/2022 papers, BLOOM's
     # Megatron-DeepSpeed and torchgpipe send with blocking calls
