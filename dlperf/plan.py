@@ -104,6 +104,7 @@ class Plan:
     cp_algorithm: str = "ring"           # ring attention (KV passed around) or ulysses (all-to-all over heads)
     moe_imbalance: float | None = None   # busiest expert rank's tokens / mean (None: MOE_IMBALANCE)
     ep_overlap: bool = False             # dispatch/combine hidden behind an adjacent micro-batch (combined 1F1B)
+    p2p_overlap: bool = False            # interleaved 1F1B's steady pipeline sends beside compute (overlap_p2p_comm)
     zero_impl: str = "fsdp"              # which ZeRO implementation runs (ZERO_IMPLS)
     dp_impl: str = "nccl"                # who runs the data-parallel gradient allreduce (DP_IMPLS)
     recompute_modules: tuple[str, ...] = ()  # layer parts recomputed in backward (RECOMPUTE_MODULES)
@@ -421,6 +422,12 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
         raise PlanError("--hybrid-fc spreads the fully connected head over all devices: it needs tp = pp = 1")
     if plan.ep_overlap:
         _check_ep_overlap(plan)
+    if plan.p2p_overlap and plan.schedule != "interleaved":
+        # NVIDIA/Megatron-LM @3758b54b megatron/core/pipeline_parallel/schedules.py:2041-2044: the non-interleaved
+        # schedule raises "Non-interleaved pipeline parallelism does not support overlapping p2p communication"
+        raise PlanError("--p2p-overlap overlaps interleaved 1F1B's pipeline sends with compute: it needs --schedule "
+                        "interleaved (Megatron-Core's non-interleaved schedule refuses overlap_p2p_comm)",
+                        expected="schedule interleaved", found=plan.schedule)
     if plan.sequence_parallel and plan.tp == 1:
         raise PlanError("sequence parallelism needs tp > 1")
     if plan.tp_overlap and not plan.sequence_parallel:

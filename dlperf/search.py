@@ -122,7 +122,9 @@ def _cheap_knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) 
                                 yield plan.with_(micro_batch=micro, schedule=schedule, virtual_stages=v, zero=zero,
                                                  recompute=recompute, sequence_parallel=sp, ep_overlap=overlap,
                                                  recompute_modules=modules, ep_dispatcher=dispatcher,
-                                                 fp8_activations=fp8)
+                                                 fp8_activations=fp8,
+                                                 # the base plan's p2p overlap where Megatron-Core has it
+                                                 p2p_overlap=plan.p2p_overlap and schedule == "interleaved")
 
 
 def _recomputes(schedule: str, space: SearchSpace) -> list[tuple[str, tuple[str, ...], bool]]:

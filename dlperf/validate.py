@@ -86,7 +86,7 @@ ROW_REQUIRED = ("id", "source", "where", "evidence", "model", "hardware", "plan"
 MEASURED_KEYS = ("value", "unit")
 PLAN_FIELDS = {f.name: f for f in fields(Plan)}
 _BOOL_FIELDS = ("sequence_parallel", "overlap", "hybrid_fc", "tp_overlap", "fp8_param_gather", "ep_overlap",
-                "fp8_activations")
+                "fp8_activations", "p2p_overlap")
 _STR_FIELDS = ("schedule", "recompute", "compression", "consistency", "dtype", "optimizer", "grad_dtype",
                "cp_algorithm", "zero_impl", "dp_impl", "ep_dispatcher", "memory_format", "data_backend",
                "fp8_scaling", "mx_swizzle", "optimizer_impl")

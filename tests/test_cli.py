@@ -103,6 +103,7 @@ def test_help_lists_commands():
     (("predict", "gpt", "dgx-a100", "--gpus", "16", "--pp", "8", "--schedule", "interleaved",
       "--virtual-stages", "100", "--global-batch", "64", "--micro-batch", "1"), "exceeds the layers"),
     (("predict", "gpt", "dgx-a100", "--gpus", "8", "--hybrid-fc"), "needs a convolutional body"),
+    (("predict", "gpt", "dgx-a100", "--gpus", "8", "--pp", "2", "--p2p-overlap"), "needs --schedule interleaved"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message):
     import subprocess

@@ -65,6 +65,10 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--ep-overlap", is_flag=True,
                      help="Hide expert all-to-alls behind an adjacent micro-batch's compute (Megatron-Core's "
                           "combined 1F1B, --overlap-moe-expert-parallel-comm; DeepSeek-V3's DualPipe pairing)."),
+        click.option("--p2p-overlap", is_flag=True,
+                     help="With --schedule interleaved: post the steady state's pipeline sends/recvs asynchronously "
+                          "beside the next chunk's compute (Megatron-Core overlap_p2p_comm, which Megatron-Bridge "
+                          "turns on whenever vp > 1); warm-up and cool-down sends stay blocking."),
         click.option("--moe-imbalance", type=Finite(1, 1000), default=None,
                      help="Tokens of the busiest expert-parallel rank over the mean (default 1.25, Switch "
                           "Transformer's capacity factor)."),
@@ -189,6 +193,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         dtype=opts.get("dtype"), grad_dtype=opts.get("grad_dtype"),
         ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
         moe_imbalance=opts.get("moe_imbalance"), ep_overlap=opts.get("ep_overlap", False),
+        p2p_overlap=opts.get("p2p_overlap", False),
         zero_impl=opts.get("zero_impl") or "fsdp", dp_impl=opts.get("dp_impl") or "nccl",
         recompute_modules=_names(opts.get("recompute_modules")),
         fp8_activations=opts.get("fp8_activations", False), ep_dispatcher=opts.get("ep_dispatcher") or "alltoall",

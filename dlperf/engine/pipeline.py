@@ -98,16 +98,57 @@ def _best_cut(previous: list[float], prefix: list[float], low: int, j: int) -> t
     return min(options)
 
 
-def schedule_time(t_fwd: Any, t_bwd: Any, t_p2p: Any, m: int, pp: int, v: int) -> tuple[Any, Any, Any]:
+def schedule_time(t_fwd: Any, t_bwd: Any, t_p2p: Any, m: int, pp: int, v: int,
+                  p2p_stolen: float | None = None) -> tuple[Any, Any, Any]:
     """(busy time, bubble, exposed p2p) of one step for the slowest stage.
 
     Busy: m * (t_f + t_b). Bubble: (pp-1)/v * (t_f + t_b). Point-to-point sends of activations and gradients:
-    two per micro-batch per chunk boundary, v times as many with interleaving (Narayanan et al. 2021, 2.2.2).
+    two per micro-batch per chunk boundary, v times as many with interleaving (Narayanan et al. 2021, 2.2.2),
+    each one waited for, unless `p2p_stolen` is given: then the interleaved schedule overlaps its steady-state
+    sends with compute (`overlapped_p2p`; p2p_stolen is the share of the SMs a hidden transfer holds).
     """
     busy = m * (t_fwd + t_bwd)
     bubble = (pp - 1) * (t_fwd + t_bwd) / v
-    p2p = 0.0 if pp == 1 else 2 * (v * m + pp - 1) * t_p2p
-    return busy, bubble, p2p
+    if pp == 1:
+        return busy, bubble, 0.0
+    if p2p_stolen is not None:
+        return busy, bubble, overlapped_p2p(t_fwd, t_bwd, t_p2p, m, pp, v, p2p_stolen)
+    return busy, bubble, 2 * (v * m + pp - 1) * t_p2p
+
+
+def interleaved_warmup(m: Any, pp: int, v: Any) -> Any:
+    """Forward chunks pipeline rank 0 runs before its first backward one, and backward chunks it runs after its
+    last forward one, in Megatron-Core's interleaved 1F1B: (pp - rank - 1) * 2 + (v - 1) * group, at most all v*m
+    (NVIDIA/Megatron-LM @3758b54b megatron/core/pipeline_parallel/schedules.py:811-833,
+    get_pp_rank_microbatches, line 821; the same at @92c8482e). group is microbatch_group_size_per_vp_stage, which
+    defaults to pp (megatron/core/model_parallel_config.py:444-445 @3758b54b). Rank 0 has the longest warm-up."""
+    return mathx.minimum(2 * (pp - 1) + (v - 1) * pp, v * m)
+
+
+def overlapped_p2p(t_fwd: Any, t_bwd: Any, t_p2p: Any, m: Any, pp: int, v: Any, stolen: float) -> Any:
+    """Pipeline sends/recvs of interleaved 1F1B with Megatron-Core's overlap_p2p_comm (batch_p2p_comm off), as
+    forward_backward_pipelining_with_interleaving runs them (NVIDIA/Megatron-LM @3758b54b
+    megatron/core/pipeline_parallel/schedules.py; @92c8482e the same):
+    - warm-up (:1499-1523) and cool-down (:1908-1911) send and receive with blocking calls
+      (overlap_p2p_comm_warmup_flush is off by default, model_parallel_config.py:326): rank 0's
+      `interleaved_warmup` forward and as many backward transfers are exposed, as are the fill and drain across
+      the pp-1 boundaries (as without overlap);
+    - each steady-state iteration posts the activation send/recv after its forward chunk (pp_post_forward,
+      :1632-1660) and waits for it before the next forward chunk (pp_pre_forward, :1613-1627): it runs beside the
+      iteration's backward chunk, t_bwd/v; the gradient send/recv posted after the backward chunk
+      (pp_post_backward, :1703-1723) is waited for before the next backward chunk (pp_pre_backward, :1685-1700):
+      it runs beside the next forward chunk, t_fwd/v. The recv posted at the end of warm-up (:1558-1575, hidden)
+      and the one waited for at the start of cool-down (:1814-1816, exposed) are counted as one steady pair.
+    A hidden transfer shows what outlasts its chunk and slows the chunk by the SMs its NCCL kernel holds
+    (`stolen`), as every overlapped collective does (dlperf.engine.step._pipelined). Never more than the blocking
+    schedule's 2 * (v*m + pp - 1) * t_p2p; equal to it when every micro-batch is in the warm-up."""
+    warm = interleaved_warmup(m, pp, v)
+    steady = v * m - warm
+
+    def shown(window: Any) -> Any:
+        return mathx.maximum(t_p2p - window, 0.0) + stolen * mathx.minimum(t_p2p, window)
+
+    return 2 * (warm + pp - 1) * t_p2p + steady * (shown(t_bwd / v) + shown(t_fwd / v))
 
 
 def in_flight(schedule: str, m: Any, pp: int, v: Any) -> Any:

@@ -315,7 +315,8 @@ class StepModel:
         stages, slow, params, boundary = staged
         passes = {key: self._passes(plan, s, dtype, m) for key, s in {id(s): s for s in stages}.items()}
         t, share = passes[id(slow)], recompute_share(plan, m)
-        busy, _, p2p = schedule_time(t.fwd, t.bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v)
+        busy, _, p2p = schedule_time(t.fwd, t.bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v,
+                                     _p2p_contention(self.hw, plan))
         # Fill and drain: the first micro-batch's forward and the last one's backward cross every other stage once
         # (per model chunk with interleaving), at that stage's own pace; the slowest stage sets the steady state.
         bubble = (sum(passes[id(s)].fwd + passes[id(s)].bwd for s in stages) - (t.fwd + t.bwd)) / v
@@ -730,6 +731,22 @@ def _level_for_stride(hw: Hardware, stride: int) -> int:
     return len(hw.network) - 1
 
 
+def _p2p_route(hw: Hardware, plan: Plan) -> tuple[int, int]:
+    """(network level, devices of a node sending at once) of the slowest stage boundary (`_p2p_time`)."""
+    stride = plan.tp * plan.data_parallel * plan.cp
+    node = hw.network[0].size or 1
+    if stride < node < stride * plan.pp:
+        return _level_for_stride(hw, node), stride
+    level = _level_for_stride(hw, stride)
+    return level, (node if level > 0 else 1)
+
+
+def _p2p_contention(hw: Hardware, plan: Plan) -> float | None:
+    """The share of the SMs a hidden pipeline send/recv holds (`_contention_at` of the level it crosses: NCCL's
+    send/recv kernels run on its channels, one SM each), or None when the plan's sends block (no p2p_overlap)."""
+    return _contention_at(hw, _p2p_route(hw, plan)[0]) if plan.p2p_overlap else None
+
+
 def _p2p_time(boundary: Any, hw: Hardware, plan: Plan, e: int, comm: Any) -> float:
     """One stage-boundary transfer of a micro-batch's activations. With tp > 1, Megatron's scatter/gather
     optimisation sends 1/tp of it across the boundary and allgathers it inside the node (Narayanan 2021, 4.1).
@@ -740,13 +757,7 @@ def _p2p_time(boundary: Any, hw: Hardware, plan: Plan, e: int, comm: Any) -> flo
     if plan.pp == 1:
         return 0.0
     nbytes = e * plan.micro * boundary / plan.cp if plan.cp > 1 else e * plan.micro * boundary
-    stride = plan.tp * plan.data_parallel * plan.cp
-    node = hw.network[0].size or 1
-    if stride < node < stride * plan.pp:
-        level, crossing = _level_for_stride(hw, node), stride
-    else:
-        level = _level_for_stride(hw, stride)
-        crossing = node if level > 0 else 1
+    level, crossing = _p2p_route(hw, plan)
     t = comm.p2p_time(nbytes / plan.tp, hw, level, crossing)
     if plan.tp > 1:
         t += comm.collective_time("allgather", nbytes, comm.Group(plan.tp, 1), hw)
