@@ -119,3 +119,20 @@ def test_stages_smaller_than_a_node_pay_the_boundary_that_leaves_it() -> None:
     omni_path = dataclasses.replace(hw.network[1], bandwidth=2 * hw.network[1].bandwidth)
     faster = dataclasses.replace(hw, network=(hw.network[0], omni_path))
     assert _p2p_time(boundary, faster, Plan(devices=48, tp=4, pp=12, global_batch=12, micro_batch=1), 2, comm) < small
+
+
+def test_sequence_parallel_boundaries_send_the_slice_and_gather_nothing() -> None:
+    """Under sequence parallelism each tp rank sends its 1/tp of the sequence across the boundary and the next
+    stage keeps it sharded: the transfer is the scatter/gather one less its allgather (Megatron-LM sends
+    [s/tp, b, h] and scatter-gathers only without sequence parallelism)."""
+    from dlperf.comm import engine as comm
+    from dlperf.engine.step import _p2p_route, _p2p_time
+    from dlperf.plan import Plan
+
+    hw = load_hardware("jean-zay-a100")
+    boundary = 2048 * 14336
+    plan = Plan(devices=48, tp=4, pp=12, global_batch=12, micro_batch=1)
+    sp = plan.with_(sequence_parallel=True)
+    gather = comm.collective_time("allgather", 2 * boundary, comm.Group(4, 1), hw)
+    assert _p2p_time(boundary, hw, plan, 2, comm) == pytest.approx(_p2p_time(boundary, hw, sp, 2, comm) + gather)
+    assert _p2p_time(boundary, hw, sp, 2, comm) == comm.p2p_time(2 * boundary / 4, hw, *_p2p_route(hw, sp))

@@ -460,7 +460,7 @@ class StepModel:
         return self._tp_fns[tp]
 
     def _p2p_time(self, plan: Plan, e: int, boundary: Any) -> Any:
-        key = (plan.tp, plan.pp, plan.data_parallel, plan.micro, e, boundary, plan.cp)
+        key = (plan.tp, plan.pp, plan.data_parallel, plan.micro, e, boundary, plan.cp, plan.sequence_parallel)
         if key not in self._p2p:
             self._p2p[key] = _p2p_time(boundary, self.hw, plan, e, self.comm)
         return self._p2p[key]
@@ -750,6 +750,10 @@ def _p2p_contention(hw: Hardware, plan: Plan) -> float | None:
 def _p2p_time(boundary: Any, hw: Hardware, plan: Plan, e: int, comm: Any) -> float:
     """One stage-boundary transfer of a micro-batch's activations. With tp > 1, Megatron's scatter/gather
     optimisation sends 1/tp of it across the boundary and allgathers it inside the node (Narayanan 2021, 4.1).
+    Under sequence parallelism each tp rank already holds its 1/tp of the sequence, sends it and nothing is
+    gathered: Megatron-LM sends [s/tp, b, h] and scatter-gathers only `not args.sequence_parallel`
+    (megatron/p2p_communication.py, 2022, with Korthikanti et al.'s sequence parallelism; Megatron-Core's
+    p2p_communication.py sends the same slice and has no gather).
     A stage spans tp x dp x cp consecutive devices, so when its boundary leaves the node every device of the node
     sends at once (all tp ranks and dp replicas of the stage run the same schedule): they share the node's
     links of that level (`links_per_domain`), as the context-parallel sends do. Stages smaller than a node
@@ -759,7 +763,7 @@ def _p2p_time(boundary: Any, hw: Hardware, plan: Plan, e: int, comm: Any) -> flo
     nbytes = e * plan.micro * boundary / plan.cp if plan.cp > 1 else e * plan.micro * boundary
     level, crossing = _p2p_route(hw, plan)
     t = comm.p2p_time(nbytes / plan.tp, hw, level, crossing)
-    if plan.tp > 1:
+    if plan.tp > 1 and not plan.sequence_parallel:
         t += comm.collective_time("allgather", nbytes, comm.Group(plan.tp, 1), hw)
     return t
 
