@@ -288,9 +288,19 @@ class StepModel:
             ok &= dualpipe_micro_batches_ok(m, plan.pp) & (v == 1)
         else:
             ok &= v == 1
-        step, _, memory, *_ = self._evaluate(plan, m, v)
         nan = np.full(np.broadcast(gb, v).shape, np.nan)
-        return {"step_time_s": np.where(ok, step, nan), "memory_bytes_per_device": np.where(ok, memory["total"], nan),
+        if plan.zero_impl == "megatron" and plan.schedule == "interleaved":
+            # Megatron's overlapped parameter gather reads the virtual stages from the plan (_megatron_param_gather,
+            # keyed so in _dp_time): one plan per virtual-stage count, as timeline() would price it
+            step, total = nan.copy(), nan.copy()
+            for count in np.unique(v[v >= 2]):
+                at = np.broadcast_to(v == count, nan.shape)
+                s, _, memory, *_ = self._evaluate(plan.with_(virtual_stages=int(count)), m, count)
+                step, total = np.where(at, s, step), np.where(at, memory["total"], total)
+        else:
+            step, _, memory, *_ = self._evaluate(plan, m, v)
+            total = memory["total"]
+        return {"step_time_s": np.where(ok, step, nan), "memory_bytes_per_device": np.where(ok, total, nan),
                 "global_batch": gb, "virtual_stages": v}
 
     def _evaluate(self, plan: Plan, m: Any, v: Any) -> tuple[Any, dict[str, Any], dict[str, Any], StageCost, str,
