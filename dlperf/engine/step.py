@@ -396,6 +396,7 @@ class StepModel:
         optimizer = _optimizer_time_split(self.hw, twin, heaviest.params, heaviest.expert_params,
                                           self._fp8_cast_bytes(heaviest.params, dtype),
                                           (loop_launches(self.model, plan), dtype))
+        metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
         host = pairs * ((fwd_p - dev_fwd_p) + (bwd_p - dev_bwd_p)) + alone * ((fwd_a - dev_fwd_a) + (bwd_a - dev_bwd_a))
@@ -416,9 +417,10 @@ class StepModel:
             "pipeline/bubble": bubble,
             "comm/dp_allreduce": step - compute if plan.consistency != "sync" else dp_exposed,
             "optimizer": optimizer,
+            "overhead/metric_sync": metric_sync,
         }
         memory = mem.dualpipe_per_device(self.model, self.hw, twin, stages, dtype) if with_memory else {}
-        return step + optimizer, breakdown, memory, device, dtype, staleness
+        return step + optimizer + metric_sync, breakdown, memory, device, dtype, staleness
 
     def _twin_devices(self, stages: list[StageCost], pp: int) -> list[StageCost]:
         """What DualPipe's rank r holds: stages r and pp-1-r, priced as one StageCost per pair of chunks (memoised
