@@ -788,8 +788,11 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     Plain data parallelism allreduces the gradients once per step, in DDP buckets overlapped with the last
     micro-batch's backward pass (Li et al. 2020): only what outlasts that backward pass, and at least the last
     bucket, is exposed. ZeRO-1 reduce-scatters the gradients the same way, then allgathers the updated parameter
-    shards after the optimizer step, which nothing hides; ZeRO-2 keeps only gradient shards, so it
-    reduce-scatters in every micro-batch's backward pass. ZeRO-3 also allgathers each layer's parameters before
+    shards: after the optimizer step, where nothing hides it (DeepSpeed), or, with zero_impl megatron and overlap,
+    bucket by bucket behind the next step's forward (`_megatron_param_gather`). ZeRO-2 keeps only gradient shards,
+    so it reduce-scatters in every micro-batch's backward pass; overlapped with zero_impl fsdp it is FSDP's
+    SHARD_GRAD_OP, which also gathers per block in every forward (`_zero3_per_micro`, backward_gathers=False).
+    ZeRO-3 also allgathers each layer's parameters before
     its forward and its backward pass, for every micro-batch (Rajbhandari et al. 2020, sections 5 and 7), one
     gather unit (a repeated block) at a time: see `_zero3_per_micro`. Megatron-LM issues the reduction after the
     pipeline flush, so with pp > 1 it is exposed unless overlap is forced. The survey's sharded parameter server
