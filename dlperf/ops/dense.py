@@ -573,6 +573,7 @@ TE_BWD = {"passes": 2, "launches": 1, "flops": 1}
 # Forward torch.zeros fills of the per-token buffers: loss_1d (1 fp32) and m_d_X_y (3 fp32), written once each.
 TE_ROW = {"launches": 2, "bytes": 4 * FP32}
 
+
 def _upcast(n: Any, e: int) -> Kernel | None:
     """The logits' fp16/bf16 -> fp32 copy and, backward, its gradient cast back: one read of e bytes and one write
     of 4 (reversed backward) per element. Megatron-LM calls `.float()` on the logits unless --fp16-lm-cross-entropy
@@ -620,6 +621,7 @@ def _te_loss(n: Any, rows: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
     buffers = Kernel("loss_buffers_zero", "memory", Cost(fwd_bytes=TE_ROW["bytes"] * rows, depth=1),
                      launches=TE_ROW["launches"], bwd_launches=0, split=False)
     return (loss, buffers)
+
 
 def _megatron_loss(n: Any, rows: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
     """Megatron-LM's vocab-parallel loss (the MEGATRON_* counts above): the upcast, 5 separate element-wise and
