@@ -588,11 +588,11 @@ def _upcast(n: Any, e: int) -> Kernel | None:
 
 
 def _fused_loss(n: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
-    """One kernel per pass in the model dtype (Transformer Engine's parallel_cross_entropy, flash-attn's and
-    llm-foundry's fused xentropy): forward reads the logits and writes the loss/statistics, backward reads them
-    and writes p - onehot, 2 passes each. Transformer Engine's kernels, which Megatron-Core's 'te' fusion runs,
-    are `te` (_te_loss); the 'native' fusion torch.compiles Megatron's own steps with one allreduce fewer
-    (megatron/core/fusions/fused_cross_entropy.py @3758b54b), not modelled apart."""
+    """One kernel per pass in the model dtype (flash-attn's and llm-foundry's fused xentropy): forward reads the
+    logits and writes the loss/statistics, backward reads them and writes p - onehot, 2 passes each. Transformer
+    Engine's parallel_cross_entropy, which Megatron-Core's 'te' fusion runs, is `te` (_te_loss); the 'native'
+    fusion torch.compiles Megatron's own steps with one allreduce fewer (megatron/core/fusions/
+    fused_cross_entropy.py @3758b54b), not modelled apart."""
     return (Kernel("softmax_nll", "transcendental", Cost(
         fwd_flops=5 * n, bwd_data_flops=n, fwd_bytes=2 * e * n, bwd_bytes=2 * e * n, depth=depth, bwd_depth=1,
     ), launches=1, bwd_launches=1),)
