@@ -33,11 +33,11 @@ FP8_SCALINGS = ("delayed", "current")  # the fp8 recipe's scales: from an amax h
 # "quantize", Transformer Engine >= 2.12 (the quantizers write activations' and gradients' scales swizzled; weights
 # and sequence-parallel gathers are swizzled per GEMM); "gemm", Transformer Engine < 2.12 (both operands of every GEMM).
 MX_SWIZZLES = ("quantize", "gemm")
-# How ZeRO stage 3 gathers and reduces (dlperf.engine.zero_impl): "fsdp", one collective per repeated block with
+# How ZeRO gathers and reduces. At stage 3 (dlperf.engine.zero_impl): "fsdp", one collective per repeated block with
 # prefetch (PyTorch FSDP, the default); "megatron-fsdp", Megatron-Core's FSDP (use_megatron_fsdp), which gathers and
 # reduces as "fsdp" does but keeps a 16-bit or FP8 model-weight shard beside the fp32 main weights
 # (dlperf.engine.memory); "deepspeed-0.3", DeepSpeed v0.3.12-v0.4.0's stage 3 (per-tensor gathers through list
-# collectives, device-wide synchronisation, bucketed gradient allreduce). At stage 2, "fsdp" is PyTorch FSDP's
+# collectives, device-wide synchronisation, bucketed gradient allreduce). At stage 2 with overlap, "fsdp" is FSDP's
 # SHARD_GRAD_OP (per-block gathers in every forward); at stage 1 it prices DeepSpeed ZeRO-1's gather after the step
 # (FSDP has no stage 1), and "megatron" is Megatron-Core's distributed optimizer, whose overlap_param_gather hides
 # the gather bucket by bucket behind the next forward (dlperf.engine.step._megatron_param_gather).

@@ -104,6 +104,7 @@ def test_help_lists_commands():
       "--virtual-stages", "100", "--global-batch", "64", "--micro-batch", "1"), "exceeds the layers"),
     (("predict", "gpt", "dgx-a100", "--gpus", "8", "--hybrid-fc"), "needs a convolutional body"),
     (("predict", "gpt", "dgx-a100", "--gpus", "8", "--pp", "2", "--p2p-overlap"), "needs --schedule interleaved"),
+    (("predict", "gpt", "dgx-a100", "--gpus", "8", "--zero", "2", "--zero-impl", "megatron"), "expected zero: 1"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message):
     import subprocess

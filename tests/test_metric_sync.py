@@ -56,3 +56,13 @@ def test_a_slower_host_pays_more_per_rank():
         host = (SLICE_PYTHON_OP_S + LAUNCH_CALL) * host_scale(device)
         assert per_rank_time(load_hardware(name)) == pytest.approx(max(host, 2 * device.launch_latency))
     assert host_scale(load_hardware("gb200-nvl72").device) == pytest.approx(1 / 0.362, rel=0.01)
+
+
+def test_dualpipe_pays_the_sync_too():
+    """The sync follows every batch whatever the pipeline schedule: DualPipe's step carries it as 1F1B's does."""
+    model, hw = load_model("mpt", MPT_1B), load_hardware("dgx-h100")
+    plan = Plan(devices=16, dp=8, pp=2, global_batch=64, micro_batch=1, schedule="dualpipe", dtype="bf16")
+    result = predict(model, hw, plan)
+    sync = result.breakdown_s["overhead/metric_sync"]
+    assert sync == metric_sync_time(synced_metrics(model), hw, plan, comm) > 0
+    assert result.step_time_s >= sync + result.breakdown_s["compute/forward"] + result.breakdown_s["compute/backward"]

@@ -284,6 +284,20 @@ def test_vectorized_grid_agrees_with_predict_to_1e_9():
             assert memory == pytest.approx(ref.memory_bytes_per_device, rel=1e-9)
 
 
+def test_grid_prices_megatron_param_gather_at_each_virtual_stage_count(gpt, a100):
+    """Megatron's interleaved parameter gather exposes the first model chunk's share, so it depends on the
+    virtual stages: grid() must price each count as predict does, not the base plan's (review13: +0.1% off)."""
+    import numpy as np
+
+    base = Plan(devices=16, dp=4, tp=2, pp=2, global_batch=64, micro_batch=1, schedule="interleaved",
+                virtual_stages=2, zero=1, overlap=True, zero_impl="megatron")
+    batches, vs = np.array([64, 64, 128]), np.array([2, 4, 4])
+    grid = StepModel(gpt, a100).grid(base, batches, vs)
+    for gb, v, step in zip(batches, vs, grid["step_time_s"], strict=True):
+        ref = predict(gpt, a100, replace(base, global_batch=int(gb), virtual_stages=int(v)))
+        assert step == pytest.approx(ref.step_time_s, rel=1e-9)
+
+
 def test_grid_marks_invalid_points():
     import numpy as np
 

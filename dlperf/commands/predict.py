@@ -53,8 +53,9 @@ def plan_options(fn: Callable) -> Callable:
                      help="How ZeRO runs: at ZeRO-3, PyTorch FSDP's per-block gathers with prefetch (fp32 shards), "
                           "Megatron-Core's FSDP (the same gathers; a 16-bit or FP8 weight shard beside fp32 main "
                           "weights), or DeepSpeed v0.3's stage 3 (per-tensor list gathers, device-wide syncs, "
-                          "bucketed allreduce). At ZeRO-2, fsdp is FSDP's SHARD_GRAD_OP; at ZeRO-1, megatron is "
-                          "Megatron-Core's distributed optimizer (parameter gather overlapped with the next forward)."),
+                          "bucketed allreduce). At ZeRO-2 with overlap, fsdp is FSDP's SHARD_GRAD_OP; at ZeRO-1, "
+                          "megatron is Megatron-Core's distributed optimizer (its parameter gather hidden behind "
+                          "the next forward when the gradient reduction overlaps: by default only at pp 1)."),
         click.option("--dp-impl", type=click.Choice(list(DP_IMPLS)), default="nccl", show_default=True,
                      help="Who runs the data-parallel gradient allreduce: the framework calling NCCL (DDP, "
                           "Megatron-LM) or Horovod v0.18-v0.20's background thread (5 ms negotiation cycle, 64 MiB "

@@ -132,7 +132,7 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
     click.echo(render(rows, "table", columns=plan_cols, title=title))
     if rows:
         shown = [k for k in BREAKDOWN_COLUMNS if any(r.get(k) for r in rows)]  # a part no plan has is noise here
-        short = [{"rank": r["rank"], **{k: r[k] for k in shown}} for r in rows]
+        short = [{"rank": r["rank"], **{k: r.get(k, 0.0) for k in shown}} for r in rows]
         click.echo("\nstep-time breakdown")
         click.echo(render(short, "table", kinds=dict.fromkeys(shown, "time")))
 

@@ -288,9 +288,19 @@ class StepModel:
             ok &= dualpipe_micro_batches_ok(m, plan.pp) & (v == 1)
         else:
             ok &= v == 1
-        step, _, memory, *_ = self._evaluate(plan, m, v)
         nan = np.full(np.broadcast(gb, v).shape, np.nan)
-        return {"step_time_s": np.where(ok, step, nan), "memory_bytes_per_device": np.where(ok, memory["total"], nan),
+        if plan.zero_impl == "megatron" and plan.schedule == "interleaved":
+            # Megatron's overlapped parameter gather reads the virtual stages from the plan (_megatron_param_gather,
+            # keyed so in _dp_time): one plan per virtual-stage count, as timeline() would price it
+            step, total = nan.copy(), nan.copy()
+            for count in np.unique(v[v >= 2]):
+                at = np.broadcast_to(v == count, nan.shape)
+                s, _, memory, *_ = self._evaluate(plan.with_(virtual_stages=int(count)), m, count)
+                step, total = np.where(at, s, step), np.where(at, memory["total"], total)
+        else:
+            step, _, memory, *_ = self._evaluate(plan, m, v)
+            total = memory["total"]
+        return {"step_time_s": np.where(ok, step, nan), "memory_bytes_per_device": np.where(ok, total, nan),
                 "global_batch": gb, "virtual_stages": v}
 
     def _evaluate(self, plan: Plan, m: Any, v: Any) -> tuple[Any, dict[str, Any], dict[str, Any], StageCost, str,
@@ -386,6 +396,7 @@ class StepModel:
         optimizer = _optimizer_time_split(self.hw, twin, heaviest.params, heaviest.expert_params,
                                           self._fp8_cast_bytes(heaviest.params, dtype),
                                           (loop_launches(self.model, plan), dtype))
+        metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
         host = pairs * ((fwd_p - dev_fwd_p) + (bwd_p - dev_bwd_p)) + alone * ((fwd_a - dev_fwd_a) + (bwd_a - dev_bwd_a))
@@ -406,9 +417,10 @@ class StepModel:
             "pipeline/bubble": bubble,
             "comm/dp_allreduce": step - compute if plan.consistency != "sync" else dp_exposed,
             "optimizer": optimizer,
+            "overhead/metric_sync": metric_sync,
         }
         memory = mem.dualpipe_per_device(self.model, self.hw, twin, stages, dtype) if with_memory else {}
-        return step + optimizer, breakdown, memory, device, dtype, staleness
+        return step + optimizer + metric_sync, breakdown, memory, device, dtype, staleness
 
     def _twin_devices(self, stages: list[StageCost], pp: int) -> list[StageCost]:
         """What DualPipe's rank r holds: stages r and pp-1-r, priced as one StageCost per pair of chunks (memoised
@@ -776,8 +788,11 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     Plain data parallelism allreduces the gradients once per step, in DDP buckets overlapped with the last
     micro-batch's backward pass (Li et al. 2020): only what outlasts that backward pass, and at least the last
     bucket, is exposed. ZeRO-1 reduce-scatters the gradients the same way, then allgathers the updated parameter
-    shards after the optimizer step, which nothing hides; ZeRO-2 keeps only gradient shards, so it
-    reduce-scatters in every micro-batch's backward pass. ZeRO-3 also allgathers each layer's parameters before
+    shards: after the optimizer step, where nothing hides it (DeepSpeed), or, with zero_impl megatron and overlap,
+    bucket by bucket behind the next step's forward (`_megatron_param_gather`). ZeRO-2 keeps only gradient shards,
+    so it reduce-scatters in every micro-batch's backward pass; overlapped with zero_impl fsdp it is FSDP's
+    SHARD_GRAD_OP, which also gathers per block in every forward (`_zero3_per_micro`, backward_gathers=False).
+    ZeRO-3 also allgathers each layer's parameters before
     its forward and its backward pass, for every micro-batch (Rajbhandari et al. 2020, sections 5 and 7), one
     gather unit (a repeated block) at a time: see `_zero3_per_micro`. Megatron-LM issues the reduction after the
     pipeline flush, so with pp > 1 it is exposed unless overlap is forced. The survey's sharded parameter server

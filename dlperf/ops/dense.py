@@ -573,6 +573,7 @@ TE_BWD = {"passes": 2, "launches": 1, "flops": 1}
 # Forward torch.zeros fills of the per-token buffers: loss_1d (1 fp32) and m_d_X_y (3 fp32), written once each.
 TE_ROW = {"launches": 2, "bytes": 4 * FP32}
 
+
 def _upcast(n: Any, e: int) -> Kernel | None:
     """The logits' fp16/bf16 -> fp32 copy and, backward, its gradient cast back: one read of e bytes and one write
     of 4 (reversed backward) per element. Megatron-LM calls `.float()` on the logits unless --fp16-lm-cross-entropy
@@ -587,11 +588,11 @@ def _upcast(n: Any, e: int) -> Kernel | None:
 
 
 def _fused_loss(n: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
-    """One kernel per pass in the model dtype (Transformer Engine's parallel_cross_entropy, flash-attn's and
-    llm-foundry's fused xentropy): forward reads the logits and writes the loss/statistics, backward reads them
-    and writes p - onehot, 2 passes each. Transformer Engine's kernels, which Megatron-Core's 'te' fusion runs,
-    are `te` (_te_loss); the 'native' fusion torch.compiles Megatron's own steps with one allreduce fewer
-    (megatron/core/fusions/fused_cross_entropy.py @3758b54b), not modelled apart."""
+    """One kernel per pass in the model dtype (flash-attn's and llm-foundry's fused xentropy): forward reads the
+    logits and writes the loss/statistics, backward reads them and writes p - onehot, 2 passes each. Transformer
+    Engine's parallel_cross_entropy, which Megatron-Core's 'te' fusion runs, is `te` (_te_loss); the 'native'
+    fusion torch.compiles Megatron's own steps with one allreduce fewer (megatron/core/fusions/
+    fused_cross_entropy.py @3758b54b), not modelled apart."""
     return (Kernel("softmax_nll", "transcendental", Cost(
         fwd_flops=5 * n, bwd_data_flops=n, fwd_bytes=2 * e * n, bwd_bytes=2 * e * n, depth=depth, bwd_depth=1,
     ), launches=1, bwd_launches=1),)
@@ -620,6 +621,7 @@ def _te_loss(n: Any, rows: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
     buffers = Kernel("loss_buffers_zero", "memory", Cost(fwd_bytes=TE_ROW["bytes"] * rows, depth=1),
                      launches=TE_ROW["launches"], bwd_launches=0, split=False)
     return (loss, buffers)
+
 
 def _megatron_loss(n: Any, rows: Any, depth: Any, e: int) -> tuple[Kernel, ...]:
     """Megatron-LM's vocab-parallel loss (the MEGATRON_* counts above): the upcast, 5 separate element-wise and
