@@ -412,8 +412,7 @@ MAMF_ROWS = {
     "dgx-b200": {"bf16": "NVIDIA B200 SXM", "fp8": "NVIDIA B200 SXM"},
     "dgx-b300": {"bf16": "NVIDIA B300 SXM", "fp8": "NVIDIA B300 SXM"},  # B200's curves, under B300's own MAMF
     "gb200-nvl72": {"bf16": "NVIDIA GB200 SXM", "fp8": "NVIDIA GB200 SXM"},
-    "dgx-gb300": {"bf16": "NVIDIA GB200 SXM", "fp8": "NVIDIA GB200 SXM"},  # GB300 has GB200's peaks and curves
-}
+}  # dgx-gb300: no MAMF row; its cap is GB200's scaled by a measured ratio (test_gb300_gemm_curves_...)
 
 
 def _mamf(accelerator: str, dtype: str) -> float:
@@ -497,10 +496,8 @@ def test_blackwell_fused_attention_is_the_fit_to_cudnns_measured_lengths(name: s
     assert curve.peak < load_hardware(name).device.eff("matmul", "bf16").peak + 0.05  # not a GEMM-rate curve
 
 
-def test_gb200_fp8_curve_is_the_fit_to_azures_sustained_table_capped_at_mamf() -> None:
-    """GB200's FP8 GEMM curve is fitted as H100's and H200's are (plain Hockney + roofline on Azure's cuBLASLt
-    table, 10,000 warm-up iterations) and capped at the FP8 MAMF row; refitted here from the CSV, so the hardware
-    file cannot drift from it. Startup: the fitted t0 less the engine's 5 us launch latency, floored at 0."""
+def _gb200_azure_fp8_fit():
+    """The plain Hockney + roofline fit to Azure's GB200 cuBLASLt FP8 table (benchmarks/fit_kernel_curves.py)."""
     import importlib.util
     import sys
 
@@ -514,14 +511,60 @@ def test_gb200_fp8_curve_is_the_fit_to_azures_sustained_table_capped_at_mamf() -
     device = load_hardware("gb200-nvl72").device
     points = fit.load(fit.Curve("GB200", "gb200-nvl72", "fp8", "matmul", ("azure-gb200-fp8.csv",)))
     memory = np.array([fit.gemm_bytes(p, "fp8") for p in points]) / (device.memory_bandwidth * fit.MEMORY_EFFICIENCY)
-    result = fit.fit_roofline(np.array([p.flops for p in points]), memory, np.array([p.seconds for p in points]),
-                              device.peak("fp8"))
-    for name in ("gb200-nvl72", "dgx-gb300"):  # GB300: GB200's curve carried over (same FP8 peak, no table)
-        curve = load_hardware(name).device.eff("matmul", "fp8")
-        assert curve.peak == pytest.approx(min(result.rate, _mamf("NVIDIA GB200 SXM", "fp8")) / device.peak("fp8"),
-                                           abs=5e-4)
-        assert curve.startup == pytest.approx(max(result.t0 - device.launch_latency, 0.0), abs=1e-7)
+    return fit.fit_roofline(np.array([p.flops for p in points]), memory, np.array([p.seconds for p in points]),
+                            device.peak("fp8"))
+
+
+def test_gb200_fp8_curve_is_the_fit_to_azures_sustained_table_capped_at_mamf() -> None:
+    """GB200's FP8 GEMM curve is fitted as H100's and H200's are (plain Hockney + roofline on Azure's cuBLASLt
+    table, 10,000 warm-up iterations) and capped at the FP8 MAMF row; refitted here from the CSV, so the hardware
+    file cannot drift from it. Startup: the fitted t0 less the engine's 5 us launch latency, floored at 0."""
+    result = _gb200_azure_fp8_fit()
+    device = load_hardware("gb200-nvl72").device
+    curve = device.eff("matmul", "fp8")
+    capped = min(result.rate, _mamf("NVIDIA GB200 SXM", "fp8"))
+    assert curve.peak == pytest.approx(capped / device.peak("fp8"), abs=5e-4)
+    assert curve.startup == pytest.approx(max(result.t0 - device.launch_latency, 0.0), abs=1e-7)
     assert result.median_rel < 0.06
+
+
+def _gb300_over_gb200(dtype: str) -> tuple[float, float]:
+    """(best-shape ratio, power-limited ratio) of GB300's GEMM rate to GB200's in NVIDIA aiconfigurator's matched
+    tables: each part's fastest shape of the dtype, and the median per-shape ratio over shapes whose GB200 kernel
+    runs >= 5 ms."""
+    import statistics
+
+    rows = [r for r in _kernel_rows("aiconfigurator-gb300-gb200-gemm.csv") if r["dtype"] == dtype]
+    best = [r for r in rows if r["set"] == "best"]
+    flops = {id(r): 2.0 * int(r["m"]) * int(r["n"]) * int(r["k"]) for r in best}
+    best_ratio = max(flops[id(r)] / float(r["gb300_ms"]) for r in best) / max(
+        flops[id(r)] / float(r["gb200_ms"]) for r in best)
+    long = [r for r in rows if r["set"] == "sustained"]
+    assert long and all(float(r["gb200_ms"]) >= 5.0 for r in long)
+    return best_ratio, statistics.median(float(r["gb200_ms"]) / float(r["gb300_ms"]) for r in long)
+
+
+def test_gb300_gemm_curves_are_gb200s_times_the_measured_gb300_gb200_ratio() -> None:
+    """GB300 has GB200's BF16/FP8 peaks but a 1400 W limit to GB200's 1200 W; no sustained table or MAMF row is
+    public for it. NVIDIA's aiconfigurator times the same shapes on both parts with the same software: GB200's
+    curves are carried over times the ratio of their own regime (BF16, a MAMF row: the best-shape ratio; FP8, a
+    fit to Azure's sustained table: the ratio over power-limited kernels >= 5 ms), capped at GB200's FP8 MAMF
+    times the best-shape ratio. NVFP4 is the FP8 curve times B200's NVFP4/FP8 ratio 0.853, as on GB200."""
+    gb200, gb300 = (load_hardware(n).device for n in ("gb200-nvl72", "dgx-gb300"))
+    assert (gb300.peak("bf16"), gb300.peak("fp8")) == (gb200.peak("bf16"), gb200.peak("fp8"))
+    bf16_best, bf16_long = _gb300_over_gb200("bf16")
+    fp8_best, fp8_long = _gb300_over_gb200("fp8")
+    assert bf16_best == pytest.approx(1.092, abs=5e-4) and fp8_long == pytest.approx(1.232, abs=5e-4)
+    assert 1.2 < bf16_long < 1.25 and 1.05 < fp8_best < 1.1  # the gap grows with kernel length (power limit)
+    bf16 = gb300.eff("matmul", "bf16")
+    assert bf16.peak == pytest.approx(_mamf("NVIDIA GB200 SXM", "bf16") * bf16_best / gb300.peak("bf16"), abs=5e-4)
+    assert bf16.startup == gb200.eff("matmul", "bf16").startup
+    azure = _gb200_azure_fp8_fit().rate
+    fp8, cap = gb300.eff("matmul", "fp8"), _mamf("NVIDIA GB200 SXM", "fp8") * fp8_best
+    assert fp8.peak == pytest.approx(min(azure * fp8_long, cap) / gb300.peak("fp8"), abs=5e-4)
+    assert fp8.startup == gb200.eff("matmul", "fp8").startup
+    assert gb300.eff("matmul", "nvfp4").peak == pytest.approx(fp8.peak * 0.853, abs=5e-4)
+    assert gb300.eff("matmul", "mxfp8").peak == fp8.peak  # MXFP8 takes the FP8 curve
 
 
 def test_dgx_b300_carries_dgx_b200s_gemm_curves() -> None:
