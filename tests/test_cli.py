@@ -121,8 +121,8 @@ def test_show_hardware_lists_the_rates_kernels_are_priced_at(run):
     code, out, _ = run("show", "dgx-b200")
     assert code == 0
     lines = {line.split("  ")[0]: line for line in out.splitlines()}
-    attention = lines["fused attention bf16 (cuDNN / FA3 class)"]  # the fit to cuDNN's measured GB200 rates
-    assert "x s / (s + 869) over s keys (0.650 of peak)" in attention
+    attention = lines["fused attention bf16 (cuDNN / FA3 class)"]  # the fit to cuDNN's measured B200 rates
+    assert "x s / (s + 2355) over s keys (0.587 of peak)" in attention
     assert "the fused-attention curve's, an upper bound: none measured" in lines["FlashAttention-2 bf16"]
     assert "0.619 of peak)" in lines["GEMM rate fp8"]  # B200's own FP8 curve, the fit to XLA's B200 table
     code, out, _ = run("show", "dgx-h100")
