@@ -18,25 +18,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from host_ops import CountOps  # the same ATen operator counter (run as benchmarks/optimizer_host.py)
 
 CONVS, BATCH_NORMS, LINEAR_TENSORS = 53, 53, 2   # torchvision / DLE ResNet-50: 161 parameter tensors
 STEPS, RUNS = 300, 5
-
-
-class CountOps(TorchDispatchMode):
-    """Counts every ATen operator call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
 
 
 def make_optimizer() -> tuple[torch.optim.Optimizer, list[torch.Tensor]]:
@@ -70,8 +57,9 @@ def main() -> None:
             one_step(optimizer)
         runs.append((time.perf_counter() - start) / STEPS)
     step = statistics.median(runs)
-    print(f"torch {torch.__version__}, {len(params)} tensors: {counter.ops} ATen operators per step "
-          f"(optimizer.step + zero_grad), {step * 1e6:.0f} us per step, {step / counter.ops * 1e6:.2f} us per operator")
+    ops = counter.count
+    print(f"torch {torch.__version__}, {len(params)} tensors: {ops} ATen operators per step "
+          f"(optimizer.step + zero_grad), {step * 1e6:.0f} us per step, {step / ops * 1e6:.2f} us per operator")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ compression casts and the averaging division."""
 
 from __future__ import annotations
 
-import functools
 import subprocess
 import sys
 
@@ -15,21 +14,10 @@ from dlperf.engine import horovod
 from dlperf.engine.step import StepModel
 from dlperf.errors import DlperfError
 from dlperf.plan import Plan, validate
-from dlperf.spec.hardware import load_hardware
-from dlperf.spec.model import load_model
 from dlperf.validate import load_dataset
+from tests.test_grad_passes import _hw, _model
 
 MIB = 1024 * 1024
-
-
-@functools.cache
-def _bert():
-    return load_model("bert-large", {"seq": 128, "mlm_positions": 20})
-
-
-@functools.cache
-def _hw():
-    return load_hardware("a100-40gb")
 
 
 def _plan(**kw) -> Plan:
@@ -40,13 +28,14 @@ def _plan(**kw) -> Plan:
 
 
 def _allreduce(plan: Plan) -> float:
-    return StepModel(_bert(), _hw()).predict(plan).breakdown_s["comm/dp_allreduce"]
+    return StepModel(_model(), _hw()).predict(plan).breakdown_s["comm/dp_allreduce"]
 
 
 def test_default_is_nccl_and_one_gpu_pays_nothing():
     assert Plan().dp_impl == "nccl"
     one = _plan(devices=1, dp=1, global_batch=256)
-    a, b = StepModel(_bert(), _hw()).predict(one), StepModel(_bert(), _hw()).predict(one.with_(dp_impl="horovod-0.19"))
+    engine = StepModel(_model(), _hw())
+    a, b = engine.predict(one), StepModel(_model(), _hw()).predict(one.with_(dp_impl="horovod-0.19"))
     assert a.step_time_s == b.step_time_s and b.breakdown_s.get("comm/dp_allreduce", 0.0) == 0.0
 
 
@@ -57,7 +46,7 @@ def test_one_nccl_allreduce_per_64_mib_fusion_buffer(wire, calls):
 
 
 def test_horovod_adds_the_cycle_the_buffers_the_copies_and_the_division_to_nccl_allreduce():
-    hw, params = _hw(), float(_bert().total_params)
+    hw, params = _hw(), float(_model().total_params)
     nccl, hvd = _allreduce(_plan()), _allreduce(_plan(dp_impl="horovod-0.19"))
     bw = hw.device.memory_bandwidth * hw.device.eff("memory").peak
     group = comm.Group(32, 1)
@@ -71,7 +60,7 @@ def test_horovod_adds_the_cycle_the_buffers_the_copies_and_the_division_to_nccl_
 
 def test_uncompressed_tf32_gradients_take_twice_the_buffers():
     plan = _plan(dtype="tf32", grad_dtype=None, compression="none", dp_impl="horovod-0.19")
-    assert horovod.fused_calls(4 * _bert().total_params) == 21
+    assert horovod.fused_calls(4 * _model().total_params) == 21
     assert _allreduce(plan) > _allreduce(_plan(dp_impl="horovod-0.19"))
 
 

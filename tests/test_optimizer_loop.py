@@ -3,8 +3,6 @@ kernels per parameter tensor; after fp16's GradScaler sync the host's time to is
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
 from dlperf.engine.optimizer_loop import (
@@ -17,17 +15,7 @@ from dlperf.engine.step import StepModel
 from dlperf.errors import PlanError
 from dlperf.plan import Plan, validate
 from dlperf.spec.hardware import LAUNCH_CALL, load_hardware
-from dlperf.spec.model import load_model
-
-
-@functools.cache
-def _resnet():
-    return load_model("resnet50")
-
-
-@functools.cache
-def _hw(name: str = "dgx-a100"):
-    return load_hardware(name)
+from tests.test_input_pipeline import _hw, _resnet
 
 
 def _optimizer_s(dtype: str, impl: str, hw=None) -> float:
