@@ -813,6 +813,37 @@ def test_sliding_window_needs_flash_causal_attention():
         model_from_dict(_window_doc(128, flash=False), "t", {})
 
 
+def _rope_kernel(**attrs):
+    attention = {"op": "attention", "heads": 8, "kv_heads": 2, "head_dim": 64, "causal": True, "flash": True,
+                 **attrs}
+    model = model_from_dict(_doc([attention], {"seq": 4096, "hidden": 512}), "t", {})
+    layer = next(layer for layer, _ in model.counted() if layer.op == "attention")
+    return {k.name: k for k in OPS["attention"].kernels(layer, 2, 2)}.get("rope_eager")
+
+
+def test_eager_rope_is_megatron_apply_rotary_pos_emb_bshd():
+    """Megatron-Core's unfused rotary embedding (rope_utils.py _apply_rotary_pos_emb_bshd and _rotate_half,
+    NVIDIA/Megatron-LM @3758b54b), which it runs for gpt-oss because the YaRN concentration factor is not supported
+    by TE's fused RoPE (apply_rotary_pos_emb, lines 279-284): per rotated tensor, forward t*cos (2 passes), -x2
+    (1), cat (2), *sin (2), + (3), cat with the empty t_pass (2) = 12 passes in 6 kernels plus 6 on the cos/sin
+    table; backward the zero gradient of t_pass's slice (1), *sin (2), neg (1), the chunk's cat (2), *cos (2) and
+    two gradient sums (3 each) = 14 passes in 7 kernels. No FLOPs, nothing saved; absent unless asked for."""
+    assert _rope_kernel() is None
+    kernel = _rope_kernel(rope="eager")
+    rotated = 2 * 4096 * (8 + 2) * 64  # micro-batch 2: Q and K elements
+    table = 2 * 4096 * 64  # the [s, head_dim] fp32 frequencies, once for Q and once for K
+    assert kernel.cost.fwd_bytes == 12 * 2 * rotated + 2 * (8 + 8 + 6) * table
+    assert kernel.cost.bwd_bytes == 14 * 2 * rotated
+    assert (kernel.launches, kernel.backward_launches) == (24, 14)
+    assert kernel.cost.work == 0
+    model = load_model("gpt-oss-120b")
+    assert {layer["rope"] for layer, _ in model.counted() if layer.op == "attention"} == {"eager"}
+    from dlperf.errors import DlperfError
+
+    with pytest.raises(DlperfError, match="rope"):
+        _rope_kernel(rope="fused")
+
+
 def test_expert_bias_counts_gate_up_and_down_biases():
     moe = {"op": "moe", "experts": 4, "top_k": 2, "ffn": 64, "gated": True}
     plain = model_from_dict(_doc([moe]), "t", {}).total_params

@@ -169,6 +169,45 @@ def _attention_dims(layer: Layer) -> tuple[Any, Any, Any, Any, Any, Any]:
     return s, d, heads, kv_heads, head_dim, layer["kv_seq"]
 
 
+# Rotary embeddings applied by Megatron-Core's eager `_apply_rotary_pos_emb_bshd` (`rope: eager`), read at the
+# Megatron-LM commits Megatron-Bridge's GPT-OSS rows pin (NVIDIA/Megatron-LM @92c8482e, @3758b54b, @24bad8e6,
+# megatron/core/models/common/embeddings/rope_utils.py). Megatron-Core takes it instead of Transformer Engine's fused
+# RoPE kernel when the rotary tensor carries a YaRN concentration factor: apply_rotary_pos_emb sets use_unfused
+# when `mscale != 1.0` (@3758b54b rope_utils.py:279-284, "mscale=... is not supported by TE's fused RoPE"), and
+# attention.py passes mscale=_yarn_get_concentration_factor_from_config(config) for the query and the key
+# (@3758b54b attention.py:1111, 1124), which is 0.1 ln(factor) + 1 = 1.35 when yarn_mscale or yarn_mscale_all_dim is
+# None (yarn_rotary_pos_embedding.py _yarn_get_concentration_factor, :267-268): Megatron-Bridge's GPT-OSS bridge sets
+# yarn_rotary_scaling_factor 32 with both None (src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py @0a25f911
+# lines 94-100; gpt_oss_provider.py @97ad8cc6f lines 61-67). (Megatron-Bridge also turns apply_rope_fusion off for
+# any position_embedding_type but "rope": utils/fusions.py validate_rope_fusion_compatibility @0a25f911.)
+# Per rotated tensor t (the query, then the key; rot_dim = head_dim, so t_pass is empty):
+#   forward: cos(freqs) * mscale -> bf16 and sin likewise (6 kernels on the [s, head_dim] fp32 frequencies,
+#   ROPE_TABLE_BYTES per frequency), then over t: t*cos (read, write), -x2 (half read, half write), cat((-x2, x1))
+#   (read, write), *sin (read, write), + (2 reads, write), cat((t, t_pass)) (read, write): 6 kernels,
+#   ROPE_FWD_PASSES = 12 element-sized passes over t.
+#   backward (PyTorch autograd): t_pass's SliceBackward allocates a zero gradient of t's full size (write;
+#   slice_backward in aten/src/ATen/native/TensorShape.cpp), *sin (read, write), the neg (half, half), the chunk's
+#   gradient is a cat (read, write), *cos (read, write), and t's three gradients summed by two adds (2 reads, write
+#   each): 7 kernels, ROPE_BWD_PASSES = 14 passes. t[..., :rot_dim] spanning the whole axis is t itself (PyTorch's
+#   applySlice shortcut), no kernel either way. Nothing is saved but the small cos/sin tables.
+# The few FLOPs per element (3.5 forward) are left out: the kernels are bound by their bytes, and model FLOPs do
+# not count rotary embeddings.
+ROPE_IMPLS = ("eager",)
+ROPE_FWD_PASSES, ROPE_BWD_PASSES = 12, 14
+ROPE_FWD_LAUNCHES, ROPE_BWD_LAUNCHES = 12, 7       # per rotated tensor (6 on the frequency table forward)
+ROPE_TABLE_BYTES = 2 * ((4 + 4) + (4 + 4) + (4 + 2))  # cos and sin: fp32 op, fp32 multiply, cast to bf16
+
+
+def _rope_kernel(layer: Layer, batch: Any, e: int) -> Kernel:
+    """Megatron-Core's eager rotary embedding of the query and the key (constants above)."""
+    s, _, h, kv, hd, skv = _attention_dims(layer)
+    rotated = batch * (s * h + skv * kv) * hd  # elements of Q and K
+    return Kernel("rope_eager", "memory", Cost(
+        fwd_bytes=ROPE_FWD_PASSES * e * rotated + ROPE_TABLE_BYTES * (s + skv) * hd,
+        bwd_bytes=ROPE_BWD_PASSES * e * rotated, depth=1, bwd_depth=1),
+        launches=2 * ROPE_FWD_LAUNCHES, bwd_launches=2 * ROPE_BWD_LAUNCHES)
+
+
 def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     """Q, K, V projections, scores QK^T, softmax, AV, output projection (Vaswani et al. 2017, eq. 1).
 
@@ -184,6 +223,8 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
         gemm("q_proj", q_rows, d, h * hd, e, in_bias, tp_dim="n"),
         gemm("kv_proj", kv_rows, d, 2 * kv * hd, e, in_bias, tp_dim="n"),
     )
+    if layer["rope"]:
+        projections += (_rope_kernel(layer, batch, e),)
     out_proj = gemm("out_proj", q_rows, h * hd, out, e, bias, tp_dim="k")
     biases = ((bias_grad("q_bias_grad", q_rows, h * hd, e), bias_grad("kv_bias_grad", kv_rows, 2 * kv * hd, e))
               if in_bias else ()) + ((bias_grad("out_bias_grad", q_rows, out, e),) if bias else ())
@@ -521,7 +562,8 @@ def _attention_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
 ATTENTION = OpRule(
     attrs={"heads": REQUIRED, "head_dim": None, "kv_heads": None, "causal": False, "bias": True,
            "flash": False, "kv_seq": None, "out": None, "dropout": 0.0, "qkv_bias": False, "flash_version": 2,
-           "triton": False, "softmax": "fused", "window": None, "sinks": False, "unpad": False},
+           "triton": False, "softmax": "fused", "window": None, "sinks": False, "unpad": False,
+           "rope": None},
     shape=lambda s, a: (*s[:-1], a["out"]),
     params=_attention_params,
     kernels=_attention_kernels,

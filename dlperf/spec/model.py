@@ -15,7 +15,7 @@ from dlperf import builtins
 from dlperf.errors import DlperfError, ShapeError, SpecError
 from dlperf.ops import MERGE_OPS, OPS
 from dlperf.ops.base import REQUIRED, Layer
-from dlperf.ops.dense import LOSS_IMPLS, SOFTMAX_IMPLS
+from dlperf.ops.dense import LOSS_IMPLS, ROPE_IMPLS, SOFTMAX_IMPLS
 from dlperf.spec import expr
 from dlperf.spec.hardware import DTYPES
 from dlperf.spec.yamlio import check_keys, closest, line_of, load_yaml_file
@@ -24,7 +24,7 @@ TOP_KEYS = ("name", "description", "source", "input", "dtype", "params", "base",
 FLOAT_ATTRS = ("p", "eps", "dropout")
 FACTOR_ATTRS = ("capacity_factor",)  # a number >= 1 (null: off)
 CHOICE_ATTRS = {"algorithm": ("auto", "direct", "im2col", "winograd", "fft"), "impl": LOSS_IMPLS,
-                "softmax": SOFTMAX_IMPLS}
+                "softmax": SOFTMAX_IMPLS, "rope": ROPE_IMPLS}
 MAX_REPEAT = 10**6
 # Work budgets checked while building (issue #15). The largest built-in model has 966 layer instances, 198
 # pipeline units and builds ~400 layer entries; 16 blocks each calling the previous one 10 times would build
@@ -444,6 +444,8 @@ def _attr(op: str, key: str, raw: Any, default: Any, env: dict, ctx: _Ctx, where
     field_where = f"{where}.{key}"
     try:
         if key in CHOICE_ATTRS:
+            if raw is None and default is None:  # an optional choice left off (attention's rope)
+                return None
             if raw not in CHOICE_ATTRS[key]:
                 raise SpecError(expected="one of " + ", ".join(CHOICE_ATTRS[key]), found=raw)
             return raw
