@@ -32,7 +32,7 @@ from dlperf.plan import fast_replace
 from dlperf.spec.hardware import Device, Hardware
 
 FULL = ("full", "except_last")  # rerun every forward kernel (except_last: not for the last micro-batch)
-ATTENTION_CORE = ("scores", "softmax", "attn_dropout", "attend", "flash_attention")
+ATTENTION_CORE = ("scores", "softmax", "attn_random_uniform", "attn_dropout", "attend", "flash_attention")
 # Ops that full recomputation never reruns: the loss runs after the checkpointed blocks (Megatron-LM checkpoints
 # the transformer layers, ParallelTransformer._checkpointed_forward in megatron/model/transformer.py @5281919, and
 # GPT2Model computes the loss on their output; FSDP-style activation checkpointing wraps the blocks too).

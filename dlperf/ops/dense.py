@@ -11,6 +11,7 @@ from typing import Any
 from dlperf import mathx
 from dlperf.cost import Cost
 from dlperf.ops.base import INDEX_BYTES, MASK_BYTES, REQUIRED, Kernel, Layer, OpRule, clog2, numel
+from dlperf.ops.elementwise import RANDOM_TENSOR_BYTES, random_tensor_kernel
 
 # ---- linear ---------------------------------------------------------------------------------------------
 
@@ -254,9 +255,14 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     ]
     if layer["dropout"]:
         # dropout on the attention probabilities as its own pass (Megatron-LM 2021, BERT, GPT-2): reads and
-        # writes the s^2 matrix and a one-byte mask, forward and backward
+        # writes the s^2 matrix and a one-byte mask, forward and backward; with `random_tensor` (TensorFlow's
+        # tf.nn.dropout) a RandomUniform kernel first writes the s^2 uniform numbers, which the dropout reads back
+        # (dlperf.ops.elementwise.random_tensor_kernel)
+        drawn = RANDOM_TENSOR_BYTES * scores if layer["random_tensor"] else 0
+        if layer["random_tensor"]:
+            kernels.append(random_tensor_kernel("attn_random_uniform", scores))
         kernels.append(Kernel("attn_dropout", "memory", Cost(
-            fwd_flops=3 * scores, bwd_data_flops=scores, fwd_bytes=2 * score_bytes + MASK_BYTES * scores,
+            fwd_flops=3 * scores, bwd_data_flops=scores, fwd_bytes=2 * score_bytes + MASK_BYTES * scores + drawn,
             bwd_bytes=2 * score_bytes + MASK_BYTES * scores, depth=1, bwd_depth=1)))
     kernels += [
         Kernel("attend", "matmul", av + Cost(fwd_bytes=score_bytes + k_bytes + e * batch * s * h * hd,
@@ -561,8 +567,8 @@ def _attention_asymptotic(layer: Layer, batch: Any) -> tuple[Any, Any]:
 
 ATTENTION = OpRule(
     attrs={"heads": REQUIRED, "head_dim": None, "kv_heads": None, "causal": False, "bias": True,
-           "flash": False, "kv_seq": None, "out": None, "dropout": 0.0, "qkv_bias": False, "flash_version": 2,
-           "triton": False, "softmax": "fused", "window": None, "sinks": False, "unpad": False,
+           "flash": False, "kv_seq": None, "out": None, "dropout": 0.0, "random_tensor": False, "qkv_bias": False,
+           "flash_version": 2, "triton": False, "softmax": "fused", "window": None, "sinks": False, "unpad": False,
            "rope": None},
     shape=lambda s, a: (*s[:-1], a["out"]),
     params=_attention_params,

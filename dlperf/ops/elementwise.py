@@ -52,17 +52,44 @@ def _activation(op: str) -> OpRule:
     )
 
 
+# Bytes per element of the uniform random tensor TensorFlow 1 materialises for tf.nn.dropout (`random_tensor`):
+# NVIDIA/tensorflow @91fc0fc3 (tag r1.15.2+nv20.06, the TensorFlow 1.15.2 of NVIDIA's 20.06 container)
+# python/ops/nn_ops.py:4387-4394, dropout_v2: `random_tensor = random_ops.random_uniform(noise_shape, ...,
+# dtype=x.dtype)`, `keep_mask = random_tensor >= rate`, `ret = x * scale * cast(keep_mask)`. The graph is built in
+# fp32 (AMP rewrites it afterwards), and grappler's AMP pass paints only ops on its lists
+# (core/grappler/optimizers/auto_mixed_precision.cc:1543 AddWhitelistOps, :1618
+# AddClearAndGrayToWhiteIfBetweenWhite, :1674 PropagateWhiteThroughClear; auto_mixed_precision_lists.h names no
+# random op), so the tensor stays float32 under AMP too.
+RANDOM_TENSOR_BYTES = 4
+
+
+def random_tensor_kernel(name: str, n: Any) -> Kernel:
+    """The kernel that draws a dropout's `n` uniform numbers when they are drawn apart from it (op attribute
+    `random_tensor`): TensorFlow's RandomUniform writes them to memory as float32 (RANDOM_TENSOR_BYTES each), one
+    launch, forward only; the dropout then reads them back (the caller adds those bytes to the dropout's own
+    forward). XLA does not fuse the draw into the dropout even with auto-clustering on (NVIDIA/tensorflow @91fc0fc3):
+    compiler/jit/compilability_check_util.cc:345 rejects IsStatefulRandomOp nodes (RandomUniform among them,
+    compilability_check_util.h:217) unless the device's registration sets cluster_stateful_rng_ops (:439), which
+    defaults to false (compiler/tf2xla/xla_op_registry.h:104) and which the GPU device's registration
+    (compiler/tf2xla/xla_op_registry.cc:157-163) leaves unset. PyTorch draws inside its dropout kernel and keeps only
+    the one-byte mask (the dropout kernel's own bytes). A lower bound: whatever XLA keeps for the backward in
+    place of the mask is taken as that mask."""
+    return Kernel(name, "memory", Cost(fwd_bytes=RANDOM_TENSOR_BYTES * n), launches=1, bwd_launches=0)
+
+
 def _dropout_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     n = _n(layer, batch)
+    drawn = RANDOM_TENSOR_BYTES * n if layer["random_tensor"] else 0  # read back from a RandomUniform kernel
     # random draw + compare + scale; writes the output and a one-byte mask, backward reads the mask.
-    return (Kernel("dropout", "memory", Cost(
-        fwd_flops=3 * n, bwd_data_flops=n, fwd_bytes=2 * e * n + MASK_BYTES * n,
+    kernel = Kernel("dropout", "memory", Cost(
+        fwd_flops=3 * n, bwd_data_flops=n, fwd_bytes=2 * e * n + MASK_BYTES * n + drawn,
         bwd_bytes=2 * e * n + MASK_BYTES * n, depth=1, bwd_depth=1,
-    )),)
+    ))
+    return (random_tensor_kernel("random_uniform", n), kernel) if layer["random_tensor"] else (kernel,)
 
 
 DROPOUT = OpRule(
-    attrs={"p": 0.1},
+    attrs={"p": 0.1, "random_tensor": False},
     shape=lambda s, a: s,
     kernels=_dropout_kernels,
     saved=lambda layer, e: MASK_BYTES * numel(layer.in_shape),
