@@ -199,13 +199,17 @@ B200_CURVES = {None: ("B200 bf16 matmul (xla)", "engine", "bf16"), "tf32": ("B20
 @pytest.mark.parametrize("dtype", list(B200_CURVES), ids=lambda d: d or "default")
 def test_dgx_b200_carries_the_xla_fit_capped_at_mamf(results: dict, dtype: str | None) -> None:
     """hardware/dgx-b200.yaml prices GEMMs with the fit to XLA's B200 table under H100's rule: every tensor-core
-    curve (default, tf32, fp8) the fit under the engine's quantization, with its tile; r_inf capped at the B200
+    curve (default, tf32, fp8) the fit under the engine's quantization, with its tile (BF16's rate: the sustained
+    one, below this burst fit); r_inf capped at the B200
     MAMF row where there is one; startup = the fitted t0 (CUPTI kernel times, no launch in them)."""
     name, model, mamf_dtype = B200_CURVES[dtype]
     r = results[name]
     fitted = getattr(r, model)
     rate = min(fitted.rate, _mamf("NVIDIA B200 SXM", mamf_dtype)) if mamf_dtype else fitted.rate
     curve = fit.load_hardware("dgx-b200").device.eff("matmul", dtype)
-    assert curve.peak == pytest.approx(rate / r.peak_flops, abs=5e-4)
+    if dtype is None:  # BF16 runs at its sustained rate (test_hardware_zoo test_b200_bf16_gemm_is_the_sustained_fit),
+        assert curve.peak < rate / r.peak_flops  # below this burst fit; its startup and tile are the fit's
+    else:
+        assert curve.peak == pytest.approx(rate / r.peak_flops, abs=5e-4)
     assert curve.startup == pytest.approx(fitted.t0, abs=0.05e-6)
     assert curve.tile == ((256, 128) if model == "engine" else None)
