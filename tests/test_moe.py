@@ -14,7 +14,7 @@ import pytest
 from dlperf.engine import predict
 from dlperf.engine.context import core_shares
 from dlperf.engine.step import StepModel
-from dlperf.errors import PlanError
+from dlperf.errors import DlperfError, PlanError
 from dlperf.ops import OPS
 from dlperf.ops.dense import causal_speedup
 from dlperf.ops.moe import activated_params, dispatch_elements
@@ -813,12 +813,12 @@ def test_sliding_window_needs_flash_causal_attention():
         model_from_dict(_window_doc(128, flash=False), "t", {})
 
 
-def _rope_kernel(**attrs):
+def _rope_kernel(impl: str = "eager", params: dict | None = None, **attrs):
     attention = {"op": "attention", "heads": 8, "kv_heads": 2, "head_dim": 64, "causal": True, "flash": True,
                  **attrs}
-    model = model_from_dict(_doc([attention], {"seq": 4096, "hidden": 512}), "t", {})
+    model = model_from_dict(_doc([attention], {"seq": 4096, "hidden": 512, **(params or {})}), "t", {})
     layer = next(layer for layer, _ in model.counted() if layer.op == "attention")
-    return {k.name: k for k in OPS["attention"].kernels(layer, 2, 2)}.get("rope_eager")
+    return {k.name: k for k in OPS["attention"].kernels(layer, 2, 2)}.get(f"rope_{impl}")
 
 
 def test_eager_rope_is_megatron_apply_rotary_pos_emb_bshd():
@@ -838,10 +838,80 @@ def test_eager_rope_is_megatron_apply_rotary_pos_emb_bshd():
     assert kernel.cost.work == 0
     model = load_model("gpt-oss-120b")
     assert {layer["rope"] for layer, _ in model.counted() if layer.op == "attention"} == {"eager"}
-    from dlperf.errors import DlperfError
-
     with pytest.raises(DlperfError, match="rope"):
-        _rope_kernel(rope="fused")
+        _rope_kernel(rope="yarn")
+
+
+def test_fused_rope_is_transformer_engines_kernel_per_tensor():
+    """Transformer Engine's fused RoPE as Megatron-Core calls it with apply_rope_fusion (rope_utils.py
+    apply_rotary_pos_emb -> fused_apply_rotary_pos_emb, NVIDIA/Megatron-LM @3758b54b; FusedRoPEFunc in
+    transformer_engine/pytorch/attention/rope.py @71bbefbf): one kernel forward and one backward for the query and
+    for the key, each reading the tensor and writing a new one (fused_rope.cu fused_rope_block_forward/backward),
+    plus the [s, head_dim] fp32 frequencies once each way. Every Megatron-Bridge Llama 3 and Qwen3 row runs it."""
+    kernel = _rope_kernel("fused", rope="fused")
+    rotated = 2 * 4096 * (8 + 2) * 64  # micro-batch 2: Q and K elements
+    table = 2 * 4096 * 64  # fp32 frequencies for Q and for K
+    assert kernel.cost.fwd_bytes == 2 * 2 * rotated + 4 * table
+    assert kernel.cost.bwd_bytes == 2 * 2 * rotated + 4 * table
+    assert (kernel.launches, kernel.backward_launches) == (2, 2)
+    assert kernel.cost.work == 0
+    for name in ("llama3-8b", "llama3-70b", "llama3-405b", "qwen3-30b-a3b", "qwen3-235b-a22b"):
+        assert {layer["rope"] for layer, _ in load_model(name).counted() if layer.op == "attention"} == {"fused"}
+
+
+def test_complex_rope_is_torchtitans_apply_rotary_emb():
+    """torchtitan's apply_rotary_emb (torchtitan/models/llama/model.py @9dec370 lines 87-113): per tensor forward
+    xq.float() (2 + 4 bytes per element), the complex64 multiply by freqs_cis (4 + 4, and the 8-byte complex table
+    over [s, head_dim/2]), type_as back to bf16 (4 + 2): 3 kernels; backward the same three casts and multiply in
+    reverse, the multiply by freqs_cis.conj() after one copy that resolves the lazy conjugate (mul is not a
+    fallthrough of the Conjugate dispatch key): 4 kernels. torchtitan rows pick it with complex_rope."""
+    kernel = _rope_kernel("complex", rope="complex")
+    rotated = 2 * 4096 * (8 + 2) * 64
+    table = 2 * 4096 * 64
+    assert kernel.cost.fwd_bytes == (6 + 8 + 6) * rotated + 4 * table
+    assert kernel.cost.bwd_bytes == (6 + 8 + 6) * rotated + (4 + 8) * table
+    assert (kernel.launches, kernel.backward_launches) == (6, 8)
+    for sets, impl in (({}, "fused"), ({"complex_rope": True}, "complex")):
+        model = load_model("llama3-8b", sets)
+        assert {layer["rope"] for layer, _ in model.counted() if layer.op == "attention"} == {impl}
+
+
+def test_a_switch_param_picks_a_choice():
+    """`a if switch else b` on a choice attribute follows a true/false model param (None: left off)."""
+    switched = "complex if titan else fused"
+    assert _rope_kernel("fused", {"titan": False}, rope=switched) is not None
+    assert _rope_kernel("complex", {"titan": True}, rope=switched) is not None
+    assert _rope_kernel("fused", {"titan": True}, rope="fused if titan else None") is not None
+    assert _rope_kernel("fused", {"titan": False}, rope="fused if titan else None") is None
+    with pytest.raises(DlperfError, match="switch"):
+        _rope_kernel(rope="fused if seq else None")
+
+
+def test_mla_fused_rope_is_megatrons_triton_kernels():
+    """Megatron-Core's fused MLA YaRN RoPE (megatron/core/fusions/fused_mla_yarn_rope_apply.py @3758b54b), run by
+    every Megatron-Bridge DeepSeek-V3 row: forward rotary_fwd_q_kernel rotates the query's rope part in place and
+    rotary_fwd_kv_kernel reads kv and k_pos_emb and writes the key (nope + rope, the rope part broadcast to every
+    head) and the value; backward rotary_bwd_q_kernel in place and rotary_bwd_kv_kernel reading dK and dV and
+    writing dKV and d_emb (summed over the heads). Two launches each way; bf16 cos/sin read per kernel. Under
+    recompute_modules mla_up_proj they run again (qkv_up_proj_and_rope_apply is checkpointed)."""
+    from dlperf.ops.recompute import rerun_kernels
+
+    default = _deepseek_attention(4096)[0]  # DeepSeek's own stack: not priced
+    assert "mla_rope" not in {k.name for k in OPS["mla"].kernels(default, 1, 2)}
+    mla = next(layer for layer, _ in load_model("deepseek-v3", {"fused_rope": True}).counted() if layer.op == "mla")
+    kernel = next(k for k in OPS["mla"].kernels(mla, 2, 2) if k.name == "mla_rope")
+    t, h, nope, rope, v = 2 * 4096, 128, 128, 64, 128
+    table = 2 * 2 * 4096 * rope  # bf16 cos and sin, read by each kernel
+    q_inplace = 2 * h * rope  # the query's rope part read and written in place
+    kv_split = h * (nope + v) + rope + h * (nope + rope) + h * v  # kv and k_pos_emb in, key and value out
+    kv_grads = h * (nope + rope) + h * v + h * (nope + v) + rope  # dK and dV in, dKV and d_emb out
+    assert kernel.cost.fwd_bytes == 2 * t * (q_inplace + kv_split) + 2 * table
+    assert kernel.cost.bwd_bytes == 2 * t * (q_inplace + kv_grads) + 2 * table
+    assert (kernel.launches, kernel.backward_launches) == (2, 2)
+    assert "mla_rope" in rerun_kernels(mla, frozenset({"mla_up_proj"}))
+    with pytest.raises(DlperfError, match="rope"):
+        model_from_dict(_doc([{"op": "mla", "heads": 4, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                               "qk_rope_head_dim": 8, "v_head_dim": 8, "rope": "eager"}]), "t", {})
 
 
 def test_expert_bias_counts_gate_up_and_down_biases():

@@ -170,14 +170,19 @@ def _attention_dims(layer: Layer) -> tuple[Any, Any, Any, Any, Any, Any]:
     return s, d, heads, kv_heads, head_dim, layer["kv_seq"]
 
 
-# Rotary embeddings applied by Megatron-Core's eager `_apply_rotary_pos_emb_bshd` (`rope: eager`), read at the
-# Megatron-LM commits Megatron-Bridge's GPT-OSS rows pin (NVIDIA/Megatron-LM @92c8482e, @3758b54b, @24bad8e6,
-# megatron/core/models/common/embeddings/rope_utils.py). Megatron-Core takes it instead of Transformer Engine's fused
-# RoPE kernel when the rotary tensor carries a YaRN concentration factor: apply_rotary_pos_emb sets use_unfused
-# when `mscale != 1.0` (@3758b54b rope_utils.py:279-284, "mscale=... is not supported by TE's fused RoPE"), and
-# attention.py passes mscale=_yarn_get_concentration_factor_from_config(config) for the query and the key
-# (@3758b54b attention.py:1111, 1124), which is 0.1 ln(factor) + 1 = 1.35 when yarn_mscale or yarn_mscale_all_dim is
-# None (yarn_rotary_pos_embedding.py _yarn_get_concentration_factor, :267-268): Megatron-Bridge's GPT-OSS bridge sets
+# Rotary embeddings (`rope`) on the query and the key, as three training stacks apply them. Each is one memory-bound
+# kernel entry per attention layer whose bytes and launches are counted from the code the validation runs executed;
+# the few FLOPs per element (3.5 forward) are left out: the kernels are bound by their bytes, and model FLOPs do not
+# count rotary embeddings. None of them saves activations beyond its small frequency tables.
+#
+# eager: Megatron-Core's unfused `_apply_rotary_pos_emb_bshd`, read at the Megatron-LM commits Megatron-Bridge's
+# GPT-OSS rows pin (NVIDIA/Megatron-LM @92c8482e, @3758b54b, @24bad8e6, megatron/core/models/common/embeddings/
+# rope_utils.py). Megatron-Core takes it instead of Transformer Engine's fused RoPE kernel when the rotary tensor
+# carries a YaRN concentration factor: apply_rotary_pos_emb sets use_unfused when `mscale != 1.0` (@3758b54b
+# rope_utils.py:279-284, "mscale=... is not supported by TE's fused RoPE"), and attention.py passes
+# mscale=_yarn_get_concentration_factor_from_config(config) for the query and the key (@3758b54b attention.py:1111,
+# 1124), which is 0.1 ln(factor) + 1 = 1.35 when yarn_mscale or yarn_mscale_all_dim is None
+# (yarn_rotary_pos_embedding.py _yarn_get_concentration_factor, :267-268): Megatron-Bridge's GPT-OSS bridge sets
 # yarn_rotary_scaling_factor 32 with both None (src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py @0a25f911
 # lines 94-100; gpt_oss_provider.py @97ad8cc6f lines 61-67). (Megatron-Bridge also turns apply_rope_fusion off for
 # any position_embedding_type but "rope": utils/fusions.py validate_rope_fusion_compatibility @0a25f911.)
@@ -191,22 +196,68 @@ def _attention_dims(layer: Layer) -> tuple[Any, Any, Any, Any, Any, Any]:
 #   gradient is a cat (read, write), *cos (read, write), and t's three gradients summed by two adds (2 reads, write
 #   each): 7 kernels, ROPE_BWD_PASSES = 14 passes. t[..., :rot_dim] spanning the whole axis is t itself (PyTorch's
 #   applySlice shortcut), no kernel either way. Nothing is saved but the small cos/sin tables.
-# The few FLOPs per element (3.5 forward) are left out: the kernels are bound by their bytes, and model FLOPs do
-# not count rotary embeddings.
-ROPE_IMPLS = ("eager",)
-ROPE_FWD_PASSES, ROPE_BWD_PASSES = 12, 14
-ROPE_FWD_LAUNCHES, ROPE_BWD_LAUNCHES = 12, 7       # per rotated tensor (6 on the frequency table forward)
-ROPE_TABLE_BYTES = 2 * ((4 + 4) + (4 + 4) + (4 + 2))  # cos and sin: fp32 op, fp32 multiply, cast to bf16
+#
+# fused: Transformer Engine's fused RoPE, which Megatron-Core runs when apply_rope_fusion is set and mscale is 1
+# (rope_utils.py apply_rotary_pos_emb -> fused_apply_rotary_pos_emb, @3758b54b :268-287; megatron/core/extensions/
+# transformer_engine.py :2587-2606 calls TE's apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", fused=True)), on
+# the query and on the key separately (attention.py :1106-1126; the single-QKV variant needs fused_single_qkv_rope,
+# which no Llama, Qwen3 or DeepSeek recipe sets). Every Megatron-Bridge performance run sets apply_rope_fusion=True
+# (scripts/performance/run_script.py @fa0315ae2 line 171; scripts/performance/utils/overrides.py
+# _set_common_perf_overrides @97ad8cc6f line 54, @0a25f911 line 64, @74695a06d line 66, @63b08b397 line 68,
+# @4ab94dfad line 82; src/megatron/bridge/perf_recipes/_common.py @4ab94dfad line 69), and non-YaRN models get
+# mscale 1.0 (Megatron-Bridge patches _yarn_get_concentration_factor_from_config to return 1.0 when
+# yarn_rotary_scaling_factor is None: src/megatron/bridge/models/gpt_provider.py @0a25f911 lines 388-419; at
+# @fa0315ae2 and @97ad8cc6f the provider has no such field, and Megatron-Core's hasattr check returns 1.0). TE
+# (transformer_engine/pytorch/attention/rope.py FusedRoPEFunc, @71bbefbf, Megatron-Bridge's pin at 0a25f911, lines
+# 112-175; the same at release_v2.7 0289e763) launches one kernel forward (tex.fused_rope_forward) and one backward
+# (tex.fused_rope_backward) per tensor: transformer_engine/common/fused_rope/fused_rope.cu @71bbefbf
+# fused_rope_block_forward/backward (lines 20-130) read each element of t, and its rotate-half partner from the same
+# head row, and write it once to a new tensor (apply_rope.cpp at::empty(input.sizes())): 2 element-sized passes
+# each way. Each (position, sample) block loads its [head_dim] fp32 frequencies into shared memory (sincosf,
+# :29 and :84): 4 bytes per position and rotary dimension, counted once per position (the micro-batch's blocks of
+# one position share it in L2). The frequency table itself is built once per model forward (RotaryEmbedding.forward
+# is lru_cached, rotary_pos_embedding.py @3758b54b :177-206), not per layer.
+#
+# complex: torchtitan's apply_rotary_emb (torchtitan/models/llama/model.py @9dec370, lines 87-113, the commit its
+# published Llama 3.1 runs name), eager PyTorch over complex numbers. Per tensor forward: xq.float() (bf16 read,
+# fp32 write), view_as_complex(reshape) a view, xq_ * freqs_cis (complex64 read and write, 4 + 4 bytes per
+# element, and the [s, head_dim/2] complex64 table: 4 bytes per position and dimension), view_as_real/flatten views,
+# type_as(xq) (fp32 read, bf16 write): 3 kernels, 16 + 2e bytes per element. Backward (PyTorch autograd): the
+# type_as's ToCopyBackward casts the bf16 gradient to fp32 (e + 4), the views' backwards are views,
+# MulBackward0 computes grad * freqs_cis.conj() (torch/csrc/autograd/FunctionsManual.cpp mul_tensor_backward; 4 + 4
+# per element, the table read again), where the lazily conjugated table is materialised first because mul is not
+# among the Conjugate dispatch key's fallthrough operators (aten/src/ATen/ConjugateFallback.cpp, native/
+# MathBitFallThroughLists.h: resolve_conj, one copy of the table, 4 + 4 per position and dimension), and
+# .float()'s ToCopyBackward casts back to bf16 (4 + e): 4 kernels, 16 + 2e bytes per element. freqs_cis is a
+# buffer, so no gradient is computed for it.
+ROPE_IMPLS = ("eager", "fused", "complex")
+ROPE_FWD_PASSES, ROPE_BWD_PASSES = 12, 14          # eager, element-sized passes over each rotated tensor
+ROPE_TABLE_BYTES = 2 * ((4 + 4) + (4 + 4) + (4 + 2))  # eager: cos and sin: fp32 op, fp32 multiply, cast to bf16
+ROPE_LAUNCHES = {"eager": (12, 7), "fused": (1, 1), "complex": (3, 4)}  # per rotated tensor (forward, backward)
+
+
+def rope_bytes(impl: str, e: int) -> tuple[int, int, int, int]:
+    """(forward, backward) bytes per rotated element, then (forward, backward) bytes per position and rotary
+    dimension of its frequency tables, for each `rope` implementation (the comment above)."""
+    if impl == "eager":
+        return ROPE_FWD_PASSES * e, ROPE_BWD_PASSES * e, ROPE_TABLE_BYTES, 0
+    if impl == "fused":
+        return 2 * e, 2 * e, 4, 4
+    complex_pass = 4 + 4 + 4 + 4 + 2 * e  # fp32 cast (e + 4), complex multiply (4 + 4), cast back (4 + e)
+    return complex_pass, complex_pass, 4, 4 + (4 + 4)
 
 
 def _rope_kernel(layer: Layer, batch: Any, e: int) -> Kernel:
-    """Megatron-Core's eager rotary embedding of the query and the key (constants above)."""
+    """The rotary embedding of the query and the key, as `rope` names its implementation (constants above)."""
     s, _, h, kv, hd, skv = _attention_dims(layer)
+    impl = layer["rope"]
     rotated = batch * (s * h + skv * kv) * hd  # elements of Q and K
-    return Kernel("rope_eager", "memory", Cost(
-        fwd_bytes=ROPE_FWD_PASSES * e * rotated + ROPE_TABLE_BYTES * (s + skv) * hd,
-        bwd_bytes=ROPE_BWD_PASSES * e * rotated, depth=1, bwd_depth=1),
-        launches=2 * ROPE_FWD_LAUNCHES, bwd_launches=2 * ROPE_BWD_LAUNCHES)
+    fwd, bwd, fwd_table, bwd_table = rope_bytes(impl, e)
+    launches, bwd_launches = ROPE_LAUNCHES[impl]
+    return Kernel(f"rope_{impl}", "memory", Cost(
+        fwd_bytes=fwd * rotated + fwd_table * (s + skv) * hd,
+        bwd_bytes=bwd * rotated + bwd_table * (s + skv) * hd, depth=1, bwd_depth=1),
+        launches=2 * launches, bwd_launches=2 * bwd_launches)
 
 
 def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:

@@ -416,8 +416,41 @@ def _mla_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
         queries = [gemm("q_proj", t, d, h * qd, e, tp_dim="n")]
     keys = [replace(gemm("kv_down", t, d, kvl + rope, e), split=False), _latent_norm("kv_norm", t * kvl, e),
             gemm("kv_up", t, kvl, h * (layer["qk_nope_head_dim"] + vd), e, tp_dim="n")]
+    rope_kernel = (_mla_rope_kernel(layer, batch, e),) if layer["rope"] else ()
     core = _mla_core(batch, s, h, qd, vd, e, causal=layer["causal"])
-    return (*queries, *keys, core, gemm("out_proj", t, h * vd, layer["out"], e, tp_dim="k"))
+    return (*queries, *keys, *rope_kernel, core, gemm("out_proj", t, h * vd, layer["out"], e, tp_dim="k"))
+
+
+# `rope: fused` on mla: Megatron-Core's fused MLA YaRN RoPE, two Triton kernels each way
+# (megatron/core/fusions/fused_mla_yarn_rope_apply.py @3758b54b, called from multi_latent_attention.py
+# qkv_up_proj_and_rope_apply :765-789 when apply_rope_fusion is set, with the cos/sin tables from
+# YarnRotaryEmbedding.get_cached_cos_sin :594-598; the same calls at @92c8482e, @23265d2d, @00225507, @24bad8e6).
+# Megatron-Bridge's DeepSeek-V3 bridge sets apply_rope_fusion=False (deepseek_v3_bridge.py @0a25f911 line 71), but
+# every performance run overrides it to True (dlperf.ops.dense, `fused`) and turns on the Megatron-Core experimental
+# flag the fused MLA path is marked with (scripts/performance/configs/deepseek/deepseek_llm_pretrain.py @0a25f911
+# line 40, @97ad8cc6f line 49, @74695a06d line 40, @63b08b397 line 41; deepseek_v3_llm_pretrain.yaml @fa0315ae2
+# line 33; src/megatron/bridge/perf_recipes/deepseek/common.py @4ab94dfad line 36). Per layer, with T tokens, h
+# heads, nope/rope/v the head dims:
+#   forward: rotary_fwd_q_kernel rotates the rope part of the up-projected query in place (reads and writes
+#   T h rope elements; the nope part is untouched), and rotary_fwd_kv_kernel reads kv [T, h, nope + v] and the
+#   shared k_pos_emb [T, rope], and writes the key [T, h, nope + rope] (the rotated k_pos_emb broadcast to every
+#   head) and the value [T, h, v] as new tensors;
+#   backward: rotary_bwd_q_kernel rotates the query gradient's rope part in place (T h rope read and written),
+#   and rotary_bwd_kv_kernel reads dK [T, h, nope + rope] and dV [T, h, v], writes dKV [T, h, nope + v] and sums
+#   the heads' rope gradients into d_emb [T, rope].
+# Each program also reads the position's cos and sin (cached once in the activation dtype, _set_cos_sin_cache in
+# yarn_rotary_pos_embedding.py :189-201; from L2 after the first head block): 2e bytes per position and rope
+# dimension per kernel, counted once. Only cos and sin are saved; the kernels run
+# again in backward under recompute_modules mla_up_proj (the whole qkv_up_proj_and_rope_apply is checkpointed,
+# :856-861).
+def _mla_rope_kernel(layer: Layer, batch: Any, e: int) -> Kernel:
+    s, _, h, _, vd = _mla_dims(layer)
+    t, nope, rope = batch * s, layer["qk_nope_head_dim"], layer["qk_rope_head_dim"]
+    table = 2 * e * s * rope  # cos and sin, per kernel
+    fwd = e * t * (2 * h * rope + h * (nope + vd) + rope + h * (nope + rope) + h * vd) + 2 * table
+    bwd = e * t * (2 * h * rope + h * (nope + rope) + h * vd + h * (nope + vd) + rope) + 2 * table
+    return Kernel("mla_rope", "memory", Cost(fwd_bytes=fwd, bwd_bytes=bwd, depth=1, bwd_depth=1),
+                  launches=2, bwd_launches=2)
 
 
 def _mla_core(batch: Any, s: Any, h: Any, qd: int, vd: int, e: int, causal: bool = True) -> Kernel:
@@ -465,6 +498,9 @@ def _mla_fill(shape: tuple, a: dict) -> None:
     if not a["flash"]:
         raise ShapeError("mla is priced as a fused (FlashAttention-style) kernel only", expected="flash: true",
                          found=a["flash"])
+    if a["rope"] not in (None, "fused"):
+        raise ShapeError("mla prices only Megatron-Core's fused MLA RoPE (rope: fused) or none",
+                         expected="rope: fused or null", found=a["rope"])
 
 
 def kv_width(layer: Layer) -> Any:
@@ -485,7 +521,8 @@ def qkv_widths(layer: Layer) -> tuple[Any, Any]:
 
 MLA = OpRule(
     attrs={"heads": REQUIRED, "q_lora_rank": None, "kv_lora_rank": REQUIRED, "qk_nope_head_dim": REQUIRED,
-           "qk_rope_head_dim": REQUIRED, "v_head_dim": REQUIRED, "causal": True, "flash": True, "out": None},
+           "qk_rope_head_dim": REQUIRED, "v_head_dim": REQUIRED, "causal": True, "flash": True, "out": None,
+           "rope": None},
     shape=lambda s, a: (*s[:-1], a["out"]),
     params=_mla_params,
     kernels=_mla_kernels,

@@ -80,8 +80,8 @@ def rerun_kernels(layer: Layer, modules: frozenset[str]) -> frozenset[str]:
     if layer.op == "mla":
         if "layernorm" in modules:
             names |= {"q_norm", "kv_norm"}  # the latent RMSNorms
-        if "mla_up_proj" in modules:
-            names |= {"q_up", "kv_up"}
+        if "mla_up_proj" in modules:  # Megatron-Core checkpoints qkv_up_proj_and_rope_apply: up-projections, RoPE
+            names |= {"q_up", "kv_up", "mla_rope"}
     if layer.op == "moe" and "moe_act" in modules:
         names |= {"expert_swiglu", "expert_gelu", "shared_swiglu", "shared_gelu", "expert_act_clamp",
                   "glu_offset_copy"}

@@ -5,6 +5,7 @@ Identical layers are kept once: a `repeat: 96` block is one subtree with a count
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -444,6 +445,7 @@ def _attr(op: str, key: str, raw: Any, default: Any, env: dict, ctx: _Ctx, where
     field_where = f"{where}.{key}"
     try:
         if key in CHOICE_ATTRS:
+            raw = _switched_choice(raw, env)
             if raw is None and default is None:  # an optional choice left off (attention's rope)
                 return None
             if raw not in CHOICE_ATTRS[key]:
@@ -478,6 +480,28 @@ def _attr(op: str, key: str, raw: Any, default: Any, env: dict, ctx: _Ctx, where
         return value
     except DlperfError as err:
         raise err.located(file=ctx.file, line=line, field=field_where) from None
+
+
+def _switched_choice(raw: Any, env: dict) -> Any:
+    """A choice written `a if switch else b`, switch a true/false model param, picks a or b (None for null), so
+    that a row's `set:` can pick the implementation its stack runs (attention's rope: fused if complex_rope is
+    false). Anything else is returned as written."""
+    if not isinstance(raw, str) or " if " not in raw:
+        return raw
+    try:
+        node = ast.parse(raw.strip(), mode="eval").body
+    except SyntaxError:
+        return raw
+    if not (isinstance(node, ast.IfExp) and isinstance(node.test, ast.Name)
+            and all(isinstance(n, ast.Name) or (isinstance(n, ast.Constant) and n.value is None)
+                    for n in (node.body, node.orelse))):
+        return raw
+    switch = env.get(node.test.id)
+    if not isinstance(switch, bool):
+        raise SpecError(f"{node.test.id!r} in {raw!r} is not a true/false model param", expected="a switch param",
+                        found=node.test.id)
+    picked = node.body if switch else node.orelse
+    return picked.id if isinstance(picked, ast.Name) else None
 
 
 def _count(op: str, key: str, raw: Any, env: dict) -> Any:
