@@ -537,12 +537,18 @@ TE_GROUPED_GEMM_H100 = ((8, 4096, 768, 2048, 627.903e12), (16, 2048, 768, 2048, 
 def test_grouped_gemm_matches_transformer_engines_own_benchmark():
     """The per-expert pricing (grouped_gemm: tiles per expert, four GEMMs at a time, a startup per round) gives
     Transformer Engine's measured grouped-GEMM rate on H100 within 5% at 8 and 16 groups; one GEMM of the same
-    FLOPs would be 8% and 22% too fast."""
+    FLOPs would be 8% and 22% too fast. TE's benchmark times short runs, so the comparison runs at H100's short-run
+    rate, OpenXLA's fit capped at the best-shape MAMF (794.5 / 989 = 0.803, the curve before dgx-h100 moved to the
+    power-limited rate of long runs, test_hardware_zoo test_hopper_bf16_gemm_is_the_sustained_fit)."""
+    from dataclasses import replace
+
     from dlperf.engine.device import kernel_times
     from dlperf.ops.dense import gemm
     from dlperf.ops.moe import grouped_gemm
 
     device = load_hardware("dgx-h100").device
+    burst = replace(device.eff("matmul", "bf16"), peak=794.5 / 989)
+    device = replace(device, efficiency={**device.efficiency, "matmul": burst})
     for groups, rows, n, k, measured in TE_GROUPED_GEMM_H100:
         flops = 2 * groups * rows * n * k
         fwd, _ = kernel_times(grouped_gemm("down", groups * rows, k, n, 2, groups, "k"), device, "bf16")
