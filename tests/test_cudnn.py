@@ -215,3 +215,12 @@ def test_by_cudnn_only_on_the_fused_attention_curve(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="by_cudnn only on the attention_fa3 curve"):
         load_hardware(path)
 
+
+def test_megatron_bridge_rows_name_their_releases_cudnn() -> None:
+    """Every Megatron-Bridge row of a release whose cuDNN NVIDIA documents (docs/releases/software-versions.md)
+    names it; the patch releases and 26.08, which that page does not list, name none (the file's default)."""
+    documented = {"2509": "9.11.0", "2511": "9.13.1", "2602": "9.18.0", "2604": "9.20.0", "2606": "9.21.1"}
+    rows = [r for r in load_dataset() if r.id.startswith("mbridge-")]
+    assert len(rows) > 100
+    for row in rows:
+        assert row.plan.cudnn == documented.get(row.id.split("-")[1]), row.id

@@ -17,7 +17,9 @@ class, derived when absent, see link_kind) and `nvls_bandwidth` (measured NVLink
 Optional device keys: `launch_latency`, `efficiency` (per kernel class: peak, half or startup, source; a conv
 curve fitted per direct FLOP to a library's chosen algorithms may say `algorithm_choice: true`; an attention curve
 may give `seq_half`, its n_1/2 in keys, and `head_dim_64`, its forward and backward rate at head dim 64 over head dim
-128's), and what the runtime keeps for itself, so that "fits" means it fits:
+128's; the fused-attention curve `attention_fa3` may give `by_cudnn`, whole curves keyed by the cuDNN version they
+were measured at, "major.minor.patch", each with its source, for a plan's `cudnn`: Device.for_cudnn), and what the
+runtime keeps for itself, so that "fits" means it fits:
 
     memory_reserved: 1 GiB        # fixed per device: CUDA context, communication buffers (default below)
     memory_fragmentation: 0.05    # fraction of the allocated bytes lost to the caching allocator's fragmentation
