@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -60,6 +61,11 @@ DATA_BACKENDS = ("synthetic", "cpu")
 # Megatron fused optimizers, PyTorch >= 2.0's foreach/fused defaults on GPU); "per-tensor", PyTorch < 2.0's
 # torch.optim for-loop: a few small kernels per parameter tensor, and zero_grad zeroes each gradient.
 OPTIMIZER_IMPLS = ("fused", "per-tensor")
+# The cuDNN library Transformer Engine's fused attention runs (plan `cudnn`, e.g. "9.13.1"): a hardware file may
+# measure its fused-attention curve per cuDNN version (`efficiency.attention_fa3.by_cudnn`), and a plan that names
+# its version is priced at the newest one measured at or below it (dlperf.spec.hardware.Device.for_cudnn). None:
+# the file's default curve. major.minor.patch, optionally .build as NVIDIA's release notes write it (9.13.1.26).
+CUDNN_VERSION = re.compile(r"(0|[1-9][0-9]{0,3})(\.(0|[1-9][0-9]{0,3})){2,3}")
 MAX_LOADER_WORKERS = 1024  # per training process; more is a typo (a node has a few hundred cores)
 # Default load imbalance of dropless expert routing: the busiest expert-parallel rank gets this many times the
 # mean number of routed tokens. Source: Switch Transformer (Fedus et al. 2022, JMLR 23, Sec. 2.2 and Table 1),
@@ -117,6 +123,7 @@ class Plan:
     grad_passes: tuple[str, ...] = ()    # per-micro-batch passes over the gradient (engine.grad_passes.GRAD_PASSES)
     offload_layers: int = 0              # blocks whose saved activations go to host memory (dlperf.engine.offload)
     optimizer_impl: str = "fused"        # how the optimizer step runs (OPTIMIZER_IMPLS)
+    cudnn: str | None = None             # cuDNN version fused attention runs (CUDNN_VERSION); None: the file's default
 
     @property
     def data_parallel(self) -> int:
@@ -196,6 +203,8 @@ def _check_knobs(plan: Plan) -> None:
         _choice("grad_dtype", plan.grad_dtype, GRAD_DTYPES)
     _choice("cp_algorithm", plan.cp_algorithm, CP_ALGORITHMS)
     _choice("memory_format", plan.memory_format, MEMORY_FORMATS)
+    if plan.cudnn is not None:
+        cudnn_version(plan.cudnn)
     _check_impls(plan)
     _check_activation_knobs(plan)
     _check_offload(plan)
@@ -206,6 +215,15 @@ def _check_knobs(plan: Plan) -> None:
                               or not 1 <= value <= 1000):  # also refuses NaN and infinity
         raise PlanError("moe_imbalance", expected="a number from 1 to 1000 (busiest rank's tokens / mean)",
                         found=value)
+
+
+def cudnn_version(text: Any, field: str = "cudnn") -> tuple[int, ...]:
+    """A cuDNN version string ("9.13.1", or "9.13.1.26" with the build) as a tuple of integers, ordered as the
+    library's releases are; anything else is refused with the field it came from."""
+    if not isinstance(text, str) or not CUDNN_VERSION.fullmatch(text):
+        raise PlanError(field, expected='a cuDNN version string, major.minor.patch[.build], such as "9.13.1"',
+                        found=text)
+    return tuple(int(part) for part in text.split("."))
 
 
 def _check_impls(plan: Plan) -> None:

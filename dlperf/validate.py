@@ -473,6 +473,8 @@ def _plan(node: dict, where: str, file: str) -> Plan:
             expected = "true or false"
         elif key in _STR_FIELDS:
             ok, expected = isinstance(value, str), "a name"
+        elif key == "cudnn":  # YAML reads 9.13 as a number: say what a version looks like (dlperf.plan.cudnn_version)
+            ok, expected = isinstance(value, str), 'a cuDNN version string, major.minor.patch, such as "9.13.1"'
         elif key in _FLOAT_FIELDS:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             expected = "a number"

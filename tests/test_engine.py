@@ -338,6 +338,10 @@ def test_zero3_counts_the_gathered_working_set():
      {"fp8_scaling": "current", "zero": 1, "grad_dtype": "fp32"}),
     ("llama3-8b", "dgx-b200", Plan(devices=8, global_batch=16, micro_batch=1, dtype="mxfp8"),
      {"mx_swizzle": "gemm", "zero": 1}),
+    # the fused-attention curve a plan's cuDNN version picks (Device.for_cudnn), and back to the default
+    ("llama3-8b", "dgx-gb300", Plan(devices=8, global_batch=16, micro_batch=1, dtype="bf16"), {"cudnn": "9.13.1"}),
+    ("llama3-8b", "dgx-gb300", Plan(devices=8, global_batch=16, micro_batch=1, dtype="bf16", cudnn="9.17.0"),
+     {"cudnn": None}),
     # Megatron's overlapped parameter gather reads the schedule (an interleaved pipeline's first chunk is exposed)
     ("llama3-8b", "dgx-h100", Plan(devices=16, dp=4, pp=4, global_batch=64, micro_batch=1, zero=1, overlap=True,
                                    zero_impl="megatron", schedule="interleaved", virtual_stages=2),

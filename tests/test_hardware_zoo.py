@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -517,6 +518,96 @@ def _fit_rows(rows: list[dict[str, str]]) -> tuple[float, float]:
     return float(np.exp(fit(seq_half)[1])), float(seq_half)
 
 
+def _fit_causal_rows(rows: list[dict[str, str]], heads: int) -> tuple[float, float, Any, Any]:
+    """(r_inf, seq_half, seqs, executed rates) of r(s) = r_inf * s / (s + seq_half) fitted to a causal-only cuDNN
+    table (top_left rows, `heads` query heads, head dim 128) over the FLOPs dlperf executes for a causal kernel:
+    the full score work x dlperf.ops.dense.causal_fraction, forward + 2.5x backward, by least squares on log
+    rate (seq_half on a 1-token grid to 6000, r_inf in closed form for each), as dgx-b200's curve is fitted."""
+    import numpy as np
+
+    from dlperf.ops.dense import causal_fraction
+
+    seqs = np.array([float(r["seq"]) for r in rows])
+    seconds = np.array([(float(r["fwd_time_ms"]) + float(r["bwd_time_ms"])) * 1e-3 for r in rows])
+    executed = 3.5 * 4 * heads * seqs ** 2 * 128 * np.array([float(causal_fraction(s)) for s in seqs]) / seconds
+
+    def fit(seq_half: float) -> tuple[float, float]:
+        log_shape = np.log(seqs / (seqs + seq_half))
+        log_r_inf = float(np.mean(np.log(executed) - log_shape))
+        return float(((log_r_inf + log_shape - np.log(executed)) ** 2).sum()), log_r_inf
+
+    seq_half = min(np.arange(0.0, 6000.0), key=lambda h: fit(h)[0])
+    return float(np.exp(fit(seq_half)[1])), float(seq_half), seqs, executed
+
+
+# Every curve a hardware file gives per cuDNN version (efficiency.attention_fa3.by_cudnn), with the table it is
+# fitted to (dlperf/data/kernels), the GPU whose BF16 peak it is a fraction of, and how: "no_mask", the five no-mask
+# lengths 2k-32k (_fit_rows, as the default GB200/GB300 curves); "causal", a causal-only table's 4k-32k over the
+# executed FLOPs (_fit_causal_rows, as dgx-b200's), with its query heads. dgx-b300 carries dgx-gb300's.
+BY_CUDNN = {
+    "dgx-b200": {"9.10.2": ("cudnn-b200-9.10.2-sdpa-bf16.csv", "dgx-b200", "causal", 128),
+                 "9.13.1": ("cudnn-b200-sdpa-bf16.csv", "dgx-b200", "causal", 128)},
+    "gb200-nvl72": {"9.17.0": ("cudnn-gb200-9.17.0-sdpa-bf16.csv", "gb200-nvl72", "causal", 128),
+                    "9.18.1": ("cudnn-gb200-9.18.1-sdpa-bf16.csv", "gb200-nvl72", "no_mask", 64),
+                    "9.19.1": ("cudnn-gb200-sdpa-bf16.csv", "gb200-nvl72", "no_mask", 64)},
+    "dgx-gb300": {"9.13.1": ("cudnn-gb300-9.13.1-sdpa-bf16.csv", "dgx-gb300", "causal", 128),
+                  "9.17.0": ("cudnn-gb300-9.17.0-sdpa-bf16.csv", "dgx-gb300", "causal", 128),
+                  "9.18.1": ("cudnn-gb300-9.18.1-sdpa-bf16.csv", "dgx-gb300", "no_mask", 64),
+                  "9.19.1": ("cudnn-gb300-sdpa-bf16.csv", "dgx-gb300", "no_mask", 64)},
+}
+BY_CUDNN["dgx-b300"] = BY_CUDNN["dgx-gb300"]
+
+
+def _refit(table: str, measured_on: str, how: str, heads: int) -> tuple[float, float]:
+    """(peak fraction, seq_half) of the Hockney curve fitted to one cuDNN table (BY_CUDNN)."""
+    rows = _kernel_rows(table)
+    if how == "no_mask":
+        r_inf, seq_half = _fit_rows([r for r in rows if r["attn_mask"] == "no_mask"
+                                     and int(r["seq"]) in (2048, 4096, 8192, 16384, 32768)])
+    else:
+        causal = [r for r in rows if r["attn_mask"] == "top_left" and int(r["seq"]) in (4096, 8192, 16384, 32768)]
+        r_inf, seq_half, _, _ = _fit_causal_rows(causal, heads)
+    return r_inf / load_hardware(measured_on).device.peak("bf16"), seq_half
+
+
+@pytest.mark.parametrize("name", sorted(BY_CUDNN))
+def test_every_by_cudnn_curve_is_the_fit_to_its_table(name: str) -> None:
+    """Each fused-attention curve a file gives per cuDNN version is refitted from the table it names (so the
+    files cannot drift from the tables), every version the file lists is one this test knows (a new curve needs
+    its table here), the file's default curve is its newest measured version's, and each table's header says
+    the version it is filed under."""
+    import dlperf
+
+    device = load_hardware(name).device
+    curves = {text: curve for _, text, curve in device.cudnn_curves}
+    assert curves.keys() == BY_CUDNN[name].keys()
+    for version, (table, measured_on, how, heads) in BY_CUDNN[name].items():
+        peak, seq_half = _refit(table, measured_on, how, heads)
+        curve = curves[version]
+        assert curve.peak == pytest.approx(peak, abs=5e-4), (version, peak)
+        assert curve.seq_half == pytest.approx(seq_half, abs=1), (version, seq_half)
+        assert table in curve.source
+        header = (Path(dlperf.__file__).parent / "data" / "kernels" / table).read_text().split("\nattn_mask")[0]
+        assert version in header and f"{heads} query heads" in header
+    newest = device.cudnn_curves[-1][2]
+    default = device.eff("attention_fa3", "bf16")
+    assert (default.peak, default.seq_half) == (newest.peak, newest.seq_half) or name == "dgx-b200"
+    if name == "dgx-b200":  # B200's default is 9.13.1, the newest B200 table
+        assert (default.peak, default.seq_half) == (curves["9.13.1"].peak, curves["9.13.1"].seq_half)
+
+
+@pytest.mark.parametrize("gpu", ["gb200", "gb300"])
+def test_causal_and_no_mask_fits_agree_where_a_table_has_both(gpu: str) -> None:
+    """The causal-only tables (cuDNN 9.13.1 and 9.17.0) are fitted over the FLOPs dlperf executes for a causal
+    kernel, the later ones over their no-mask rows; on the tables that have both (9.18.1, 9.19.1) the two fits
+    price 8k within 2%, so the versions' curves compare like for like."""
+    for table in (f"cudnn-{gpu}-9.18.1-sdpa-bf16.csv", f"cudnn-{gpu}-sdpa-bf16.csv"):
+        on = {"gb200": "gb200-nvl72", "gb300": "dgx-gb300"}[gpu]
+        no_mask, causal = _refit(table, on, "no_mask", 64), _refit(table, on, "causal", 64)
+        at_8k = [p * 8192 / (8192 + h) for p, h in (no_mask, causal)]
+        assert at_8k[1] == pytest.approx(at_8k[0], rel=0.02), table
+
+
 @pytest.mark.parametrize("name, measured_on", [("gb200-nvl72", "gb200"), ("dgx-gb300", "gb300"),
                                                ("dgx-b300", "gb300")])
 def test_blackwell_fused_attention_is_the_fit_to_cudnns_measured_lengths(name: str, measured_on: str) -> None:
@@ -547,26 +638,15 @@ def test_b200_fused_attention_is_the_fit_to_its_own_cudnn_table() -> None:
     (and no more than 3.1% slower), and at 8k it prices the kernel no faster than B200 measured."""
     import numpy as np
 
-    from dlperf.ops.dense import causal_fraction
-
     rows = [r for r in _kernel_rows("cudnn-b200-sdpa-bf16.csv") if int(r["seq"]) in (4096, 8192, 16384, 32768)]
-    seqs = np.array([float(r["seq"]) for r in rows])
-    seconds = np.array([(float(r["fwd_time_ms"]) + float(r["bwd_time_ms"])) * 1e-3 for r in rows])
     # the table's own FLOPs (causal counted as half) reproduce its rates
     assert 4 * 128 * 8192 ** 2 * 128 / 2 / (float(rows[1]["fwd_time_ms"]) * 1e-3) == pytest.approx(
         float(rows[1]["fwd_tflops"]) * 1e12, rel=2e-3)
-    executed = 3.5 * 4 * 128 * seqs ** 2 * 128 * np.array([float(causal_fraction(s)) for s in seqs]) / seconds
-
-    def fit(seq_half: float) -> tuple[float, float]:
-        log_shape = np.log(seqs / (seqs + seq_half))
-        log_r_inf = float(np.mean(np.log(executed) - log_shape))
-        return float(((log_r_inf + log_shape - np.log(executed)) ** 2).sum()), log_r_inf
-
-    seq_half = min(np.arange(0.0, 6000.0), key=lambda h: fit(h)[0])
+    r_inf, seq_half, seqs, executed = _fit_causal_rows(rows, heads=128)
     device = load_hardware("dgx-b200").device
     curve = device.eff("attention_fa3", "bf16")
     peak = device.peak("bf16")
-    assert curve.peak == pytest.approx(np.exp(fit(seq_half)[1]) / peak, abs=5e-4)
+    assert curve.peak == pytest.approx(r_inf / peak, abs=5e-4)
     assert curve.seq_half == pytest.approx(seq_half, abs=1)
     priced = curve.peak * peak * seqs / (seqs + curve.seq_half)
     assert np.all(priced / executed < 1.03) and np.all(priced / executed > 0.969)

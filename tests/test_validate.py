@@ -225,7 +225,8 @@ def test_megatron_bridge_blackwell_and_moe_rows_carry_the_published_figures():
     assert gb200.plan == Plan(devices=256, dp=4, tp=4, pp=16, global_batch=1536, micro_batch=1,
                               schedule="interleaved", virtual_stages=4, zero=1, overlap=True, zero_impl="megatron",
                               sequence_parallel=True, tp_overlap=True, fp8_param_gather=True, dtype="fp8",
-                              fp8_scaling="current", p2p_overlap=True)  # comm_overlap.py:453-457 @0a25f911 (vp > 1)
+                              fp8_scaling="current", p2p_overlap=True,  # comm_overlap.py:453-457 @0a25f911 (vp > 1)
+                              cudnn="9.18.0")  # NeMo Framework 26.02's cuDNN 9.18.0.50 (software-versions.md)
     # 25.11, System: DGX-B200, LLAMA3_8B | 8 | FP8-CS (FP8-MX) | 128 | 2 | 8192 | 0 | 1 | 1 | 1 | n/a | 1 | 8 |
     # 30624 (29521): the FP8-CS figure and the parenthesised MXFP8 one, each scored with its own recipe
     b200 = rows["mbridge-2511-llama3-8b-b200-fp8cs"]

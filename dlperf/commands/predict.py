@@ -145,6 +145,10 @@ def plan_options(fn: Callable) -> Callable:
                      help="With --dtype mxfp8: which GEMM operands have their block scales swizzled for cuBLASLt by "
                           "kernels of their own: the weights and sequence-parallel gathers (Transformer Engine >= "
                           "2.12) or both operands of every GEMM (gemm: Transformer Engine < 2.12)."),
+        click.option("--cudnn", default=None, metavar="VERSION",
+                     help="cuDNN version Transformer Engine's fused attention runs, e.g. 9.13.1: priced at the "
+                          "hardware file's curve measured at the newest version at or below it (its oldest when "
+                          "none is; efficiency.attention_fa3.by_cudnn). Default: the file's own curve."),
         click.option("--compression", default="none", show_default=True,
                      help="Gradient compression: none, fp16, int8, 1bit, terngrad, qsgd:S, topk:FRACTION."),
         click.option("--consistency", type=click.Choice(["sync", "ssp", "async"]), default="sync",
@@ -190,7 +194,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         parameter_server=opts.get("parameter_server", 0), optimizer=opts.get("optimizer", "adam"),
         hybrid_fc=opts.get("hybrid_fc", False), tp_overlap=opts.get("tp_overlap", False),
         fp8_param_gather=opts.get("fp8_param_gather", False), fp8_scaling=opts.get("fp8_scaling") or "delayed",
-        mx_swizzle=opts.get("mx_swizzle") or "quantize",
+        mx_swizzle=opts.get("mx_swizzle") or "quantize", cudnn=opts.get("cudnn"),
         dtype=opts.get("dtype"), grad_dtype=opts.get("grad_dtype"),
         ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
         moe_imbalance=opts.get("moe_imbalance"), ep_overlap=opts.get("ep_overlap", False),

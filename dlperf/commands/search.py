@@ -82,22 +82,26 @@ def _memory_option(text: str | None) -> float | None:
 @click.option("--cp-algorithm", type=click.Choice(["ring", "ulysses"]), default="ring", show_default=True,
               help="Context parallelism by ring attention or Ulysses all-to-alls.")
 @click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's).")
+@click.option("--cudnn", default=None, metavar="VERSION",
+              help="cuDNN version fused attention runs, e.g. 9.13.1 (as `dlperf predict --cudnn`).")
 @format_option
 def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, global_batch: int, top: int,
            max_step_time: float | None, max_memory: str | None, objective: str, max_micro_batch: int,
            uneven_stages: bool, ep_degrees: str | None, cp_degrees: str, cp_algorithm: str, dtype: str | None,
-           fmt: str) -> None:
+           cudnn: str | None, fmt: str) -> None:
     """Enumerate parallel plans for MODEL on HARDWARE, keep those that fit, print the best."""
-    from dlperf.plan import Plan
+    from dlperf.plan import Plan, cudnn_version
     from dlperf.search import SearchSpace, parse_gpu_list, terminal_progress
     from dlperf.search import search as run
 
+    if cudnn is not None:  # refused here: search skips a plan its rules refuse, which would hide the typo
+        cudnn_version(cudnn, "--cudnn")
     spec, hw = _load(model, hardware, sets)
     space = SearchSpace(max_micro_batch=max_micro_batch, uneven_stages=uneven_stages,
                         ep=_degrees("--ep", ep_degrees) if ep_degrees else None, cp=_degrees("--cp", cp_degrees))
     counts = parse_gpu_list(devices)
     result = run(spec, hw, counts if len(counts) > 1 else counts[0], global_batch, objective=objective,
-                 max_memory=_memory_option(max_memory), base=Plan(dtype=dtype, cp_algorithm=cp_algorithm),
+                 max_memory=_memory_option(max_memory), base=Plan(dtype=dtype, cp_algorithm=cp_algorithm, cudnn=cudnn),
                  space=space,
                  progress=terminal_progress("searching plans"), max_step_time=max_step_time)
     rows = result.rows(top)
@@ -255,8 +259,8 @@ def _closed_form_lines(spec: Any, hw: Any, plan: Any, dtype: str) -> list[str]:
     from dlperf.engine.symbolic import elasticities
     from dlperf.units import format_quantity
 
-    forms = elasticities(spec, hw, dtype, plan.micro, plan.memory_format == "nchw", plan.fp8_scaling,
-                         plan.mx_swizzle)
+    forms = elasticities(spec, hw.for_cudnn(plan.cudnn), dtype, plan.micro, plan.memory_format == "nchw",
+                         plan.fp8_scaling, plan.mx_swizzle)
     lines = [f"closed form T(B) (one device, forward+backward of a micro-batch, B = {plan.micro}: "
              f"{format_quantity(forms['T_value'], 'time')}; `dlperf predict --symbolic` prints it), its derivatives:"]
     lines += [f"  d ln T / d ln {label:<26} = {value:+.3f}" for label, value in forms.items() if label != "T_value"]

@@ -276,10 +276,12 @@ def _use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor
 
 def _kernel_times(kernel: Kernel, device: Device, dtype: str, split: Any, tp_dim: str | None,
                   memo: dict | None) -> tuple[Any, Any, Any, Any]:
-    """(kernel_times, dispatch_times) as one tuple, looked up in `memo` (one dict per hardware) when given."""
+    """(kernel_times, dispatch_times) as one tuple, looked up in `memo` (one dict per hardware) when given; the key
+    carries the cuDNN version whose fused-attention curve the device holds (Device.for_cudnn), the one part of the
+    hardware a plan changes."""
     if memo is None:
         return *kernel_times(kernel, device, dtype, split, tp_dim), *dispatch_times(kernel, device)
-    key = (kernel, dtype, split, tp_dim)
+    key = (kernel, dtype, split, tp_dim, device.cudnn)
     times = memo.get(key)
     if times is None:
         times = memo[key] = (*kernel_times(kernel, device, dtype, split, tp_dim), *dispatch_times(kernel, device))

@@ -140,7 +140,17 @@ class StepModel:
         self._tp_fns: dict[int, Any] = {}
         self._work: dict[tuple, list[tuple[float, float, float]]] = {}
         self._twins: dict[tuple, tuple[list[StageCost], list[StageCost]]] = {}
-        self._kernel_times: dict[tuple, tuple[Any, Any]] = {}  # stage_cost's memo: self.hw never changes
+        # stage_cost's memo: self.hw never changes, but for the fused-attention curve a plan's cuDNN version picks
+        # (_hw_for), which the kernel-times key carries (engine/stage.py _kernel_times: Device.cudnn)
+        self._kernel_times: dict[tuple, tuple[Any, Any]] = {}
+        self._by_cudnn: dict[str | None, Hardware] = {None: hw}
+
+    def _hw_for(self, plan: Plan) -> Hardware:
+        """The hardware a plan's kernels are priced on: self.hw with the fused-attention curve measured at the
+        plan's cuDNN version (Hardware.for_cudnn; plan.cudnn None: self.hw itself)."""
+        if plan.cudnn not in self._by_cudnn:
+            self._by_cudnn[plan.cudnn] = self.hw.for_cudnn(plan.cudnn)
+        return self._by_cudnn[plan.cudnn]
 
     def stages(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
         """(every stage's cost, the slowest stage, the most parameters on one device, the largest activation
@@ -216,7 +226,7 @@ class StepModel:
             uses_key = (tuple(nodes), plan.sequence_parallel)
             if uses_key not in self._uses:
                 self._uses[uses_key] = tp_uses(nodes, plan.sequence_parallel)
-            self._cost[key] = stage_cost(self._uses[uses_key], plan.micro, e, self.hw, dtype, plan.tp,
+            self._cost[key] = stage_cost(self._uses[uses_key], plan.micro, e, self._hw_for(plan), dtype, plan.tp,
                                          plan.sequence_parallel, plan.recompute, self._tp_comm(plan.tp),
                                          self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan),
                                          self._kernel_times, self._policy(plan), plan.memory_format == "nchw",
@@ -542,7 +552,7 @@ class StepModel:
             per_type_s={k: plan.micro_batches / (2 if plan.schedule == "dualpipe" else 1) * x
                         for k, x in t.slow.per_type.items()},
             notes=([] if fits else [memory_note(t.memory, self.hw)]) + host_note(t.breakdown_s, t.step_time_s, self.hw)
-            + input_note(plan, self.hw, t.breakdown_s, t.step_time_s),
+            + input_note(plan, self.hw, t.breakdown_s, t.step_time_s) + cudnn_note(plan, self.hw),
         )
 
 
@@ -582,6 +592,24 @@ def _dualpipe_time(c: DualPipeChunks, device: StageCost, m: Any, pp: int, rank: 
 
 
 HOST_NOTE_SHARE = 0.10  # the host's share of the step from which the prediction says it is host-bound
+
+
+def cudnn_note(plan: Plan, hw: Hardware) -> list[str]:
+    """Which measured fused-attention curve a plan's cuDNN version was priced at (Device.for_cudnn)."""
+    curves = hw.device.cudnn_curves
+    if plan.cudnn is None:
+        return []
+    if not curves:
+        return [f"cudnn {plan.cudnn}: {hw.name} measures fused attention at one cuDNN version (no "
+                f"efficiency.attention_fa3.by_cudnn), so its own curve prices it"]
+    measured = hw.device.for_cudnn(plan.cudnn).cudnn
+    versions = ", ".join(text for _, text, _ in curves)
+    if measured == curves[0][1] and curves[0][0] > tuple(int(x) for x in plan.cudnn.split("."))[:3]:
+        return [f"cudnn {plan.cudnn}: older than every cuDNN {hw.name} measures fused attention at ({versions}); "
+                f"priced at the oldest, {measured}: cuDNN's attention got faster release by release, so a lower bound "
+                f"on its time"]
+    return [f"cudnn {plan.cudnn}: fused attention priced at the curve measured with cuDNN {measured} (measured: "
+            f"{versions})"]
 
 
 def host_note(breakdown: dict[str, Any], step: float, hw: Hardware) -> list[str]:
@@ -1072,7 +1100,7 @@ def _stage_cost_key(plan: Plan, dtype: str) -> tuple:
     """What stage_cost reads of a plan: every memo of stage costs (StepModel.stages, _cost_of, _summed_cost) keys
     on this one tuple, so that a field the kernels come to depend on is added once for all of them."""
     return (plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap, plan.memory_format,
-            plan.fp8_scaling, plan.mx_swizzle, *_ep_cp_key(plan), *_acts_key(plan))
+            plan.fp8_scaling, plan.mx_swizzle, plan.cudnn, *_ep_cp_key(plan), *_acts_key(plan))
 
 
 def _ep_cp_key(plan: Plan) -> tuple:

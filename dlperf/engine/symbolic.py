@@ -114,6 +114,7 @@ def symbolic_view(model: Model, hw: Hardware, plan: Any, full: bool = False) -> 
                         f"prices it and `dlperf explain` gives its sensitivities")
     dtype = plan.dtype or model.dtype
     result = predict(model, hw, plan)
+    hw = hw.for_cudnn(plan.cudnn)  # the closed form prices fused attention as predict does (StepModel._hw_for)
     values = {F: hw.device.peak(dtype), F32: hw.device.peak("fp32"), M: hw.device.memory_bandwidth,
               LAM: hw.device.launch_latency, B: plan.micro}
     forms = closed_form(model, hw, dtype, plan.micro, plan.memory_format == "nchw", plan.fp8_scaling,

@@ -17,7 +17,9 @@ class, derived when absent, see link_kind) and `nvls_bandwidth` (measured NVLink
 Optional device keys: `launch_latency`, `efficiency` (per kernel class: peak, half or startup, source; a conv
 curve fitted per direct FLOP to a library's chosen algorithms may say `algorithm_choice: true`; an attention curve
 may give `seq_half`, its n_1/2 in keys, and `head_dim_64`, its forward and backward rate at head dim 64 over head dim
-128's), and what the runtime keeps for itself, so that "fits" means it fits:
+128's; the fused-attention curve `attention_fa3` may give `by_cudnn`, whole curves keyed by the cuDNN version they
+were measured at, "major.minor.patch", each with its source, for a plan's `cudnn`: Device.for_cudnn), and what the
+runtime keeps for itself, so that "fits" means it fits:
 
     memory_reserved: 1 GiB        # fixed per device: CUDA context, communication buffers (default below)
     memory_fragmentation: 0.05    # fraction of the allocated bytes lost to the caching allocator's fragmentation
@@ -52,7 +54,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -231,10 +233,31 @@ class Device:
     # host memory <-> device copy bandwidth per device (device.host_link; 0: not given), for activation offloading
     host_to_device: float = 0.0
     device_to_host: float = 0.0
+    # fused-attention curves measured per cuDNN version (efficiency.attention_fa3.by_cudnn), oldest first: (version
+    # as integers, as written, curve); `for_cudnn` prices a plan's version at one of them. `cudnn`: the measured
+    # version whose curve efficiency["attention_fa3"] is after for_cudnn (None: the file's default curve).
+    cudnn_curves: tuple[tuple[tuple[int, ...], str, Efficiency], ...] = ()
+    cudnn: str | None = None
     dtype_curves: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype_curves", frozenset(k for k in self.efficiency if "/" in k))
+
+    def for_cudnn(self, version: str | None) -> Device:
+        """This device with its fused-attention curve (attention_fa3) measured at the cuDNN `version` a plan runs
+        (dlperf.plan.CUDNN_VERSION): the newest version the file measures at or below it. A version older than
+        every measured one gets the oldest curve: cuDNN's attention got faster release by release (e.g. GB300
+        causal 8k, 1,496 / 1,130 TFLOP/s forward / backward at 9.13.1 against 1,887 / 1,385 at 9.19.1,
+        dlperf/data/kernels/cudnn-gb300-*), so that curve prices an older library fast, a lower bound on the gap.
+        None, or a file without `by_cudnn`: the device unchanged (the file's default curve)."""
+        if version is None or not self.cudnn_curves:
+            return self
+        from dlperf.plan import cudnn_version
+
+        wanted = cudnn_version(version)[:3]
+        at_or_below = [entry for entry in self.cudnn_curves if entry[0] <= wanted]
+        _, measured, curve = at_or_below[-1] if at_or_below else self.cudnn_curves[0]
+        return replace(self, efficiency={**self.efficiency, "attention_fa3": curve}, cudnn=measured)
 
     @property
     def host_label(self) -> str:
@@ -342,6 +365,11 @@ class Hardware:
     price_per_device_hour: float | None = None
     calibration: dict[str, Any] = field(default_factory=dict)
 
+    def for_cudnn(self, version: str | None) -> Hardware:
+        """This hardware with the fused-attention curve measured at a plan's cuDNN version (Device.for_cudnn)."""
+        device = self.device.for_cudnn(version)
+        return self if device is self.device else replace(self, device=device)
+
     @property
     def devices_per_node(self) -> int:
         return self.network[0].size or 1 if self.network else 1
@@ -363,7 +391,10 @@ MIN_HOST_SPEED = 1 / MAX_HOST_SPEED  # and less: 1e-300 priced a launch at 1e295
 _LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "link",
                "nvls_bandwidth", "source")
 _EFF_KEYS = ("peak", "half", "startup", "source", "tile", "tile_overhead_k", "algorithm_choice", "seq_half",
-             "head_dim_64", "dtypes")
+             "head_dim_64", "dtypes", "by_cudnn")
+# one curve of `by_cudnn` (a whole fused-attention curve, measured at that version; its source is required)
+_CUDNN_CURVE_KEYS = ("peak", "half", "startup", "source", "seq_half", "head_dim_64")
+_CUDNN_KEY = re.compile(r"(0|[1-9][0-9]{0,3})(\.(0|[1-9][0-9]{0,3})){2}")  # major.minor.patch, as measured
 
 
 def _quantity(node: dict, key: str, kind: str, file: str, where: str) -> float:
@@ -420,16 +451,46 @@ def _efficiency(node: Any, file: str, where: str) -> dict[str, Efficiency]:
         dtypes = _section(curve, "dtypes", file, field_name(here, "dtypes")) if "dtypes" in curve else {}
         check_keys(dtypes, DTYPES, file, field_name(here, "dtypes"))
         for dtype, sub in dtypes.items():
-            if isinstance(sub, dict) and "dtypes" in sub:
-                raise SpecError("a per-dtype curve cannot nest dtypes", file=file, line=line_of(sub, "dtypes"),
-                                field=field_name(field_name(field_name(here, "dtypes"), dtype), "dtypes"))
+            for nested in ("dtypes", "by_cudnn"):
+                if isinstance(sub, dict) and nested in sub:
+                    raise SpecError(f"a per-dtype curve cannot nest {nested}", file=file, line=line_of(sub, nested),
+                                    field=field_name(field_name(field_name(here, "dtypes"), dtype), nested))
             sub_where = field_name(field_name(here, "dtypes"), dtype)
             out[f"{cls}/{dtype}"] = _curve(_section(dtypes, dtype, file, sub_where), cls, file, sub_where)
     return out
 
 
+def _by_cudnn(curve: dict, file: str, here: str) -> tuple[tuple[tuple[int, ...], str, Efficiency], ...]:
+    """efficiency.attention_fa3.by_cudnn: {version: curve} -> Device.cudnn_curves, oldest first. Each version is a
+    quoted or plain "major.minor.patch" string (9.19.1), each curve a whole attention_fa3 curve with its source."""
+    where = field_name(here, "by_cudnn")
+    node = _section(curve, "by_cudnn", file, where)
+    if "dtypes" in curve:  # by_cudnn replaces the class's curve; per-dtype curves would keep the default's
+        raise SpecError(expected="by_cudnn or dtypes on a fused-attention curve, not both", found="both", file=file,
+                        line=line_of(curve, "by_cudnn"), field=where)
+    if not node:
+        raise SpecError(expected='one curve or more, keyed by a cuDNN version such as "9.19.1"', found="{}",
+                        file=file, line=line_of(curve, "by_cudnn"), field=where)
+    out: dict[tuple[int, ...], tuple[tuple[int, ...], str, Efficiency]] = {}
+    for key in node:  # distinct keys are distinct versions: _CUDNN_KEY has no leading zeros
+        entry = field_name(where, str(key))
+        if not isinstance(key, str) or not _CUDNN_KEY.fullmatch(key):
+            raise SpecError(expected='a cuDNN version, major.minor.patch in quotes, such as "9.19.1"', found=key,
+                            file=file, line=line_of(node, key), field=entry)
+        version = tuple(int(part) for part in key.split("."))
+        sub = _section(node, key, file, entry)
+        check_keys(sub, _CUDNN_CURVE_KEYS, file, entry, required=("peak", "source"))
+        _text(sub, "source", file, entry)
+        out[version] = (version, key, _curve(sub, "attention_fa3", file, entry))
+    return tuple(out[v] for v in sorted(out))
+
+
 def _curve(curve: Any, cls: str, file: str, here: str) -> Efficiency:
     check_keys(curve, _EFF_KEYS, file, here, required=("peak",))
+    if "by_cudnn" in curve and cls != "attention_fa3":
+        raise SpecError(expected="by_cudnn only on the attention_fa3 curve (cuDNN's fused attention)",
+                        found=f"on {cls}", file=file, line=line_of(curve, "by_cudnn"),
+                        field=field_name(here, "by_cudnn"))
     peak = _fraction(curve["peak"], file, line_of(curve, "peak"), field_name(here, "peak"))
     half = 0.0
     if "half" in curve:
@@ -557,6 +618,7 @@ def _device(node: Any, file: str) -> Device:
         ),
         efficiency=_efficiency(_section(node, "efficiency", file, "device.efficiency"), file, "device.efficiency")
         if "efficiency" in node else {},
+        cudnn_curves=_cudnn_curves(node, file),
         sms=_positive_int(node, "sms", file, where) if "sms" in node else None,
         dispatch_forward=dispatch[0],
         dispatch_backward=dispatch[1],
@@ -567,6 +629,14 @@ def _device(node: Any, file: str) -> Device:
         **_reserve(node, file),
         **_host_link(node, file),
     )
+
+
+def _cudnn_curves(node: dict, file: str) -> tuple[tuple[tuple[int, ...], str, Efficiency], ...]:
+    """device.efficiency.attention_fa3.by_cudnn, parsed (the curve itself was checked by _efficiency)."""
+    fused = node.get("efficiency", {}).get("attention_fa3")
+    if not isinstance(fused, dict) or "by_cudnn" not in fused:
+        return ()
+    return _by_cudnn(fused, file, "device.efficiency.attention_fa3")
 
 
 def _host_link(node: dict, file: str) -> dict[str, float]:
