@@ -524,14 +524,16 @@ def explain(model: Any, hw: Any, plan: Plan, step: float = 0.10) -> dict[str, An
     for label, changed in _scaled_hardware(hw, 1.0 + step):
         t = predict(model, changed, plan).step_time_s
         rows.append({"change": f"+{step:.0%} {label}", "step_time_s": t, "step_time_change": t / t0 - 1})
+    refused = []  # knob changes the plan cannot take, with the reason (a user asking "what about ZeRO 3?" sees why)
     for label, new in _knob_changes(plan):
         try:
             t = predict(model, hw, new).step_time_s
-        except DlperfError:
+        except DlperfError as err:
+            refused.append({"change": label, "reason": str(err)})
             continue
         rows.append({"change": label, "step_time_s": t, "step_time_change": t / t0 - 1})
     bottleneck = max(base.breakdown_s.items(), key=lambda kv: kv[1])
-    return {"prediction": base, "sensitivities": rows, "bottleneck": bottleneck[0],
+    return {"prediction": base, "sensitivities": rows, "refused": refused, "bottleneck": bottleneck[0],
             "bottleneck_share": bottleneck[1] / t0}
 
 

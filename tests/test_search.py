@@ -209,6 +209,21 @@ def test_explain_perturbs_the_loader_and_the_layout_the_plan_names():
     assert not any(r["change"].startswith(("loader", "memory format")) for r in synthetic)
 
 
+def test_explain_lists_the_knob_changes_the_plan_refuses(run):
+    """Megatron's distributed optimizer is ZeRO stage 1 only: explain says why it tried no other stage (and no
+    micro-batch larger than the replica's batch) instead of leaving those knobs out silently."""
+    model, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
+    plan = Plan(devices=16, tp=2, global_batch=64, micro_batch=4, zero=1, zero_impl="megatron")
+    out = explain(model, hw, plan)
+    refused = {r["change"]: r["reason"] for r in out["refused"]}
+    assert set(refused) == {"zero 1 -> 0", "zero 1 -> 2", "zero 1 -> 3"}
+    assert all("distributed optimizer" in reason for reason in refused.values())
+    assert not any(r["change"].startswith("zero") for r in out["sensitivities"])
+    code, text, _ = run("explain", "llama3-8b", "dgx-h100", "--gpus", "16", "--tp", "2", "--global-batch", "64",
+                        "--micro-batch", "4", "--zero", "1", "--zero-impl", "megatron")
+    assert "knob changes this plan cannot take:" in text and "zero 1 -> 3: zero_impl megatron" in text
+
+
 def test_progress_quiet_when_piped(capsys):
     assert terminal_progress("x") is None  # pytest captures stderr: not a terminal
 

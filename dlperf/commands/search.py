@@ -231,7 +231,8 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
     if fmt == "json":
         click.echo(to_json({"step_time_s": out["prediction"].step_time_s, "bottleneck": out["bottleneck"],
                             "bottleneck_share": out["bottleneck_share"], "plan": out["prediction"].plan,
-                            "sensitivities": rows, "notes": notes + out["prediction"].notes}))
+                            "sensitivities": rows, "refused": out["refused"],
+                            "notes": notes + out["prediction"].notes}))
         exit_unless_fits(out["prediction"])
         return
     if fmt == "csv":
@@ -249,6 +250,9 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
     lines.append("sensitivities (each computed by re-predicting with that one constant or knob changed):")
     width = max(len(row["change"]) for row in rows)
     lines += [f"  {row['change']:<{width}} -> {format_change(row['step_time_change'])} step time" for row in rows]
+    if out["refused"]:
+        lines.append("knob changes this plan cannot take:")
+        lines += [f"  {row['change']}: {row['reason']}" for row in out["refused"]]
     lines += _closed_form_lines(spec, hw, plan, p["dtype"])
     click.echo("\n".join(lines))
     exit_unless_fits(r)
