@@ -229,6 +229,53 @@ def test_fp32_reduction_makes_fsdp_no_faster() -> None:
     assert default.memory["gradients"] == pytest.approx(pure.memory["gradients"])
 
 
+# ---- FSDP's root unit: MPT's embeddings and final norm outside the wrapped blocks -----------------------------
+
+
+def test_mpt_root_unit_holds_the_embeddings_and_final_norm() -> None:
+    """llm-foundry's `fsdp_wrap_fn` wraps each MPTBlock, so composer's root FSDP unit holds the rest: wte (tied to
+    the head), wpe and norm_f, (vocab + seq) x h + 2h parameters; no root is modelled under pipeline stages."""
+    from dlperf.engine.memory import root_unit_params
+
+    model, h = load_model("mpt", SMALL_MPT), SMALL_MPT["hidden"]
+    plan = Plan(devices=8, dp=8, global_batch=8, zero=3)
+    assert root_unit_params(model, plan) == (50368 + SMALL_MPT["seq"]) * h + 2 * h
+    assert root_unit_params(model, Plan(devices=16, dp=8, pp=2, global_batch=8, zero=3)) == 0
+
+
+@pytest.mark.parametrize("zero", [3, 2])
+def test_fsdp_root_unit_is_gathered_once_and_reduced_once_both_exposed(zero: int) -> None:
+    """torch FSDP keeps the root gathered after the forward (`_post_forward_reshard` frees non-root units only)
+    and reduce-scatters it at the end of the backward: one gather and one reduce-scatter of the root's bytes per
+    micro-batch, both exposed; the L units are the blocks alone, each gathered in the forward (and again in the
+    backward under FULL_SHARD) and reduce-scattered once. Priced at 1 s per GB, with windows that hide every block
+    collective, the exposed time is the root's two collectives plus the first block gather and the last block
+    reduce-scatter."""
+    hw = load_hardware("dgx-h100")
+    params, root, units = 1.2e9, 0.2e9, 20
+    slow = SimpleNamespace(dp_params=params, backward_window=100.0, forward_window=100.0)
+    plan = Plan(devices=8, dp=8, global_batch=8, zero=zero, grad_dtype="fp32")
+    comm = Recorder()
+    *_, total, exposed = _dp_comm(hw, plan, slow, "bf16", comm, units, None, root)
+    block = (params - root) / units
+    gathers = [n for op, n in comm.calls if op == "allgather"]
+    reduces = [n for op, n in comm.calls if op == "reduce_scatter"]
+    assert sorted(set(gathers)) == pytest.approx(sorted({2 * block, 2 * root}))
+    assert sorted(set(reduces)) == pytest.approx(sorted({4 * block, 4 * root}))
+    passes = 2 if zero == 3 else 1
+    assert total == pytest.approx((passes * 2 * block + 4 * block) * units / 1e9 + 6 * root / 1e9)
+    first_backward_gather = 2 * block if zero == 3 else 0.0  # FULL_SHARD's, still priced exposed
+    shown = (2 * root + 4 * root + 2 * block + first_backward_gather + 4 * block) / 1e9
+    assert 0 < exposed - shown < 0.25 * total  # the rest: the hidden collectives' SM share (_overlap_contention)
+    no_root = Recorder()
+    *_, flat_total, _ = _dp_comm(hw, plan, slow, "bf16", no_root, units)
+    assert sorted({n for op, n in no_root.calls if op == "allgather"}) == pytest.approx([2 * params / units])
+    if zero == 3:  # the averaged layout also re-gathered the root's share in every backward
+        assert flat_total == pytest.approx(total + 2 * root / 1e9)
+    else:
+        assert flat_total == pytest.approx(total)
+
+
 # ---- FSDP's passes over each unit's unsharded gradient (torch v2.1.0) ---------------------------------------
 
 

@@ -245,6 +245,22 @@ def gather_units(model: Model, plan: Plan) -> int:
     return max(blocks_in_stage(model, plan), 1) if _blocks(model) else 1
 
 
+def root_unit_params(model: Model, plan: Plan) -> Any:
+    """Parameters per device of PyTorch FSDP's root unit: those outside the repeated blocks when the auto-wrap
+    policy wraps each block and the root wraps the rest (llm-foundry's MPT: `fsdp_wrap_fn` is isinstance(module,
+    MPTBlock), llmfoundry/models/mpt/modeling_mpt.py @v0.3.0:477-478 and @5e85bd62:675-676, and composer wraps the
+    whole model with that policy, composer/trainer/dist_strategy.py @v0.16.4:441-500), so the root holds the
+    embeddings, the final norm and the tied head. 0 with pipeline parallelism (a stage's own root is not modelled)
+    or without repeated blocks. Tensor parallelism is taken to shard them as it shards the blocks."""
+    blocks = _blocks(model)
+    if plan.pp > 1 or not blocks:
+        return 0.0
+    from dlperf.spec.model import walk
+
+    inside = sum(layer.params * count for block in blocks for layer, count in walk(block, 1))
+    return mathx.maximum(model.total_params - inside, 0.0) / plan.tp
+
+
 def blocks_in_stage(model: Model, plan: Plan) -> int:
     return sum(b.repeat for b in _blocks(model)) // plan.pp or 1
 

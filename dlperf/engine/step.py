@@ -524,8 +524,9 @@ class StepModel:
                 self._dp[key] = _deepspeed_zero3(self.hw, plan, slow, dtype, self.comm,
                                                  zero_impl.tensors(self.model, plan), twin)
             else:
+                root = mem.root_unit_params(self.model, plan) if plan.zero_impl == "fsdp" else 0.0
                 self._dp[key] = _grad_sync(self.hw, plan, slow, dtype, self.comm,
-                                           mem.gather_units(self.model, plan), twin)
+                                           mem.gather_units(self.model, plan), twin, root)
         return self._dp[key]
 
     def predict(self, plan: Plan) -> Prediction:
@@ -809,7 +810,7 @@ def _p2p_time(boundary: Any, hw: Hardware, plan: Plan, e: int, comm: Any) -> flo
 
 
 def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
-             units: int = 1, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
+             units: int = 1, twin: Twin = None, root: Any = 0.0) -> tuple[Any, Any, Any, Any]:
     """Gradient synchronisation across dp replicas: (total, exposed) seconds per step, plus the (total,
     exposed) that recur for every micro-batch, so that `_dp_with_micro_batches` scales them by m.
 
@@ -868,13 +869,16 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     if plan.zero == 0:
         total = comm.collective_time("allreduce", grad_bytes, group, hw)
         return total, hidden_behind(total, window, last_bucket), 0.0, 0.0
+    # FSDP's root unit (`root` parameters outside the wrapped blocks, `_zero3_per_micro`), at most all of them
+    root_share = mathx.minimum(root / params, 1.0) if not mathx.is_zero(root) else 0.0
+    roots = (weight_bytes * root_share, grad_bytes * root_share)
     if plan.zero == 3:
         return (0.0, 0.0) + _zero3_per_micro(comm, hw, group, weight_bytes, grad_bytes, units, slow.forward_window,
-                                             window, overlap, stolen)
+                                             window, overlap, stolen, root=roots)
     if plan.zero == 2 and overlap and plan.zero_impl == "fsdp":
         # FSDP's SHARD_GRAD_OP: per-block gathers in every micro-batch's forward, none in its backward
         return (0.0, 0.0) + _zero3_per_micro(comm, hw, group, weight_bytes, grad_bytes, units, slow.forward_window,
-                                             window, overlap, stolen, backward_gathers=False)
+                                             window, overlap, stolen, backward_gathers=False, root=roots)
     reduce = comm.collective_time("reduce_scatter", grad_bytes, group, hw)
     # FP8 parameter all-gather (Megatron-LM --fp8-param-gather; torchtitan/FSDP2 enable_fsdp_float8_all_gather):
     # the sharded parameters travel as their FP8 casts, one byte each (MXFP8: in bf16, param_gather_bytes)
@@ -927,7 +931,7 @@ def _megatron_param_gather(comm: Any, hw: Hardware, plan: Plan, group: Any, para
 
 def _zero3_per_micro(comm: Any, hw: Hardware, group: Any, weight_bytes: float, grad_bytes: float, units: int,
                      forward: Any, backward: Any, overlap: bool, stolen: float = 0.0,
-                     backward_gathers: bool = True) -> tuple[Any, Any]:
+                     backward_gathers: bool = True, root: tuple[Any, Any] = (0.0, 0.0)) -> tuple[Any, Any]:
     """(total, exposed) ZeRO-3 communication of one micro-batch: what limits hiding the parameter gathers.
     `backward_gathers` False prices PyTorch FSDP's SHARD_GRAD_OP (ZeRO-2) instead: it gathers per block in the
     forward as FULL_SHARD does, keeps the gathered blocks through the backward (_post_forward_reshard frees only
@@ -950,19 +954,37 @@ def _zero3_per_micro(comm: Any, hw: Hardware, group: Any, weight_bytes: float, g
       2023, section 3.3.2, backward and forward prefetching) loses nothing against it for uniform blocks.
     - Backward: unit i's gather and unit i+1's gradient reduce-scatter share the links; the last
       reduce-scatter has no compute after it.
+    - Root unit (`root`: the weight and gradient bytes of the parameters outside the wrapped blocks,
+      memory.root_unit_params; zero_impl fsdp only): the L units are the blocks alone, and the root is its own
+      unit. Read from torch FSDP's runtime (torch/distributed/fsdp/_runtime_utils.py; torch v2.1.0 is not in the
+      stored corpus, the same logic is in its 2.0 line, pytorch/pytorch@00ae0bc9, and its 2.2 line):
+      `_root_pre_forward` makes the unshard stream wait for the computation stream, so the root's gather opens
+      the forward with nothing to hide behind; `_post_forward_reshard` frees "not state._is_root" units only, so
+      the backward never gathers the root again; its reduce-scatter is issued when its FlatParameter's gradient
+      is complete, after the embedding's backward at the end of the pass, and `_post_backward_final_callback`
+      makes the computation stream wait for the post-backward stream: exposed. (composer's FSDP defaults, read
+      at v0.16.4 and v0.17.2, composer/trainer/dist_strategy.py:135-148: backward_prefetch BACKWARD_POST,
+      forward_prefetch False; llm-foundry's benchmark yamls set limit_all_gathers. The first block's backward
+      gather, issued at its pre-backward hook behind the tied head's backward, is still priced exposed.)
     - Contention: while a gather overlaps compute, its NCCL channels hold SMs (`stolen`, the fraction
       `_overlap_contention` gives), charged on the overlapped part as for every other hidden collective.
 
     Sanity check, never a fit: Narayanan et al. 2021 (Table 2 and section 5.4) measured ZeRO-3 at 768-2240 A100s
     3-5x slower than a bandwidth bound would suggest."""
     L = max(int(units), 1)
-    g = comm.collective_time("allgather", weight_bytes / L, group, hw)
-    r = comm.collective_time("reduce_scatter", grad_bytes / L, group, hw)
+    root_weight, root_grad = root
+    g = comm.collective_time("allgather", (weight_bytes - root_weight) / L, group, hw)
+    r = comm.collective_time("reduce_scatter", (grad_bytes - root_grad) / L, group, hw)
     g_back = g if backward_gathers else 0.0
-    total = L * (g + g_back + r)
+    ends = 0.0  # the root unit's gather and reduce-scatter, once per micro-batch, both exposed
+    if not mathx.is_zero(root_weight):
+        ends = (comm.collective_time("allgather", root_weight, group, hw)
+                + comm.collective_time("reduce_scatter", root_grad, group, hw))
+    total = L * (g + g_back + r) + ends
     if not overlap:
         return total, total
-    return total, (_pipelined(g, forward / L, L, 0.0, stolen) + _pipelined(g_back + r, backward / L, L, r, stolen))
+    return total, (ends + _pipelined(g, forward / L, L, 0.0, stolen)
+                   + _pipelined(g_back + r, backward / L, L, r, stolen))
 
 
 def _deepspeed_zero3(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
@@ -995,16 +1017,16 @@ def _pipelined(comm_unit: Any, compute_unit: Any, units: int, tail: Any, stolen:
 
 
 def _grad_sync(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
-               units: Any, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
+               units: Any, twin: Twin = None, root: Any = 0.0) -> tuple[Any, Any, Any, Any]:
     """Gradient synchronisation with context and expert parallelism (Megatron-Core's groups): context-parallel
     ranks hold the same weights, so dense gradients are reduced (and ZeRO-sharded) over dp*cp ranks, tp apart;
     the routed experts' gradients over the expert-data-parallel group, dp*cp/ep ranks tp*ep apart, in the
     backward time the dense reduction leaves. Without either it is `_dp_comm` unchanged. Under DualPipe each
     group has its replicas at two pipeline ranks (`twin`), half of them at each."""
     if plan.cp == 1 and mathx.is_zero(slow.expert_params):
-        return _dp_comm(hw, plan, slow, dtype, comm, units, twin)
+        return _dp_comm(hw, plan, slow, dtype, comm, units, twin, root)
     dense = slow.with_(synced_params=slow.dp_params - slow.expert_params)
-    parts = _dp_comm(hw, _dense_group(plan), dense, dtype, comm, units, twin)
+    parts = _dp_comm(hw, _dense_group(plan), dense, dtype, comm, units, twin, root)
     if mathx.is_zero(slow.expert_params):
         return parts
     window = mathx.maximum(slow.backward_window - parts[0] - parts[2], 0.0)
