@@ -176,9 +176,12 @@ def test_search_tries_dualpipe_only_with_expert_parallelism(mixtral):
 def test_step_is_set_by_the_busiest_rank():
     """DeepSeek-V3's 61 layers split over pp 4 unevenly (balanced partition): the step's compute is the largest of
     the ranks' (each rank holds stages r and pp-1-r and pairs a different number of chunks)."""
+    from dataclasses import replace
+
     from dlperf.engine.step import _dualpipe_chunks, _dualpipe_time, _overlap_contention
 
     model, hw = load_model("deepseek-v3", {"layers": 13, "dense_layers": 1}), load_hardware("h800")
+    hw = replace(hw, device=replace(hw.device, speed_spread=0.0))  # each rank's own pace (test_straggler: the slowest)
     plan = Plan(devices=256, pp=4, ep=32, global_batch=512, micro_batch=1, zero=1, schedule="dualpipe")
     engine = StepModel(model, hw)
     r = engine.predict(plan)

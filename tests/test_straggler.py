@@ -56,8 +56,27 @@ def test_dualpipe_ranks_run_at_the_slowest_pace_too():
     """DualPipe prices its ranks' chunks at the slowest device's pace as well, and its breakdown still sums."""
     model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
     plan = Plan(devices=64, tp=1, pp=4, ep=8, global_batch=256, micro_batch=1, schedule="dualpipe")
+    even_hw = replace(hw, device=replace(hw.device, speed_spread=0.0))
     spread = replace(hw, device=replace(hw.device, speed_spread=0.02))
-    even, slow = predict(model, hw, plan), predict(model, spread, plan)
+    even, slow = predict(model, even_hw, plan), predict(model, spread, plan)
     assert even.breakdown_s["compute/straggler"] == 0 < slow.breakdown_s["compute/straggler"]
     assert slow.step_time_s > even.step_time_s
     assert sum(slow.breakdown_s.values()) == pytest.approx(slow.step_time_s, rel=1e-9)
+
+
+STAND_IN = ("dgx-h100", "h800", "hgx-h200", "dgx-b200", "gb200-nvl72", "dgx-gb300", "dgx-b300", "dgx2-v100")
+
+
+@pytest.mark.parametrize("name", STAND_IN)
+def test_power_limited_parts_carry_v100s_measured_spread(name):
+    """No fleet measurement exists for these parts; each carries V100-SXM2's measured robust sigma (dgx1-v100,
+    1.71%, the smaller of the two published fleet figures), the mechanism being power management at the power
+    limit, which their long GEMMs reach (their matmul curves' sources)."""
+    assert load_hardware(name).device.speed_spread == load_hardware("dgx1-v100").device.speed_spread == 0.0171
+
+
+@pytest.mark.parametrize("name", ["dgx-a100", "a100-40gb", "jean-zay-a100", "a100-800g"])
+def test_a100_sxm_carries_no_spread(name):
+    """A100 SXM4 runs its long GEMMs at the same rate past 5, 10 and 20 ms (not power-limited), and the A100 fleet
+    figure is of the 250 W PCIe part: no spread is carried over."""
+    assert load_hardware(name).device.speed_spread == 0.0
