@@ -11,6 +11,11 @@ torchvision's PIL transforms at ImageNet sizes on a named CPU, so this script do
   on the pixel counts, not the content, so the source is random noise at 500x375, ImageNet's modal image size.
 - collate: the per-sample part of NVIDIA DeepLearningExamples' fast_collate (@729963dd PyTorch/Classification/
   ConvNets/image_classification/dataloaders.py: np.asarray, np.rollaxis, copy, add into a uint8 batch tensor).
+- collate into a channels_last batch: DLE's AMP runs pass memory_format=torch.channels_last to fast_collate
+  (@7bdfc81d dataloaders.py:320-336, main.py:411-412, configs.yml memory_format nhwc), which then allocates the
+  batch NHWC (`torch.zeros(...).contiguous(memory_format=...)`) and adds each CHW sample into an NHWC slice. The
+  whole fast_collate of a 256-sample batch is timed in both layouts, back to back, and the per-sample difference
+  printed: what the NHWC batch adds to the contiguous figure above.
 
 It prints the median over 5 runs of 2,000 samples. The engine wants Zen 4 reference seconds
 (spec/hardware.py HOST_REFERENCE); INPUT_COSTS says how this machine's figure is converted.
@@ -33,6 +38,7 @@ from PIL import Image
 SIZE = 224
 SOURCE = (500, 375)       # width, height: the most common ImageNet image size
 SAMPLES, RUNS = 2000, 5
+BATCH = 256              # DLE's per-GPU batch for ResNet-50 AMP (configs.yml @7bdfc81d)
 
 
 def crop_box(width: int, height: int) -> tuple[int, int, int, int]:
@@ -65,6 +71,16 @@ def collate_one(batch: torch.Tensor, i: int, img: Image.Image) -> None:
     batch[i] += torch.from_numpy(array.copy())
 
 
+def fast_collate(memory_format: torch.memory_format, imgs: list[Image.Image]) -> torch.Tensor:
+    """DLE's fast_collate (@7bdfc81d dataloaders.py:320-336) without the targets."""
+    w, h = imgs[0].size
+    tensor = torch.zeros((len(imgs), 3, h, w), dtype=torch.uint8).contiguous(memory_format=memory_format)
+    for i, img in enumerate(imgs):
+        array = np.rollaxis(np.asarray(img, dtype=np.uint8), 2)
+        tensor[i] += torch.from_numpy(array.copy())
+    return tensor
+
+
 def per_sample(fn: object, source: Image.Image) -> float:
     times = []
     for _ in range(RUNS):
@@ -95,6 +111,21 @@ def main() -> None:
     print(f"augment (RandomResizedCrop {SIZE} + flip, {SOURCE[0]}x{SOURCE[1]}): "
           f"{per_sample(run_augment, source) * 1e6:.1f} us/sample")
     print(f"collate (fast_collate per sample): {per_sample(run_collate, source) * 1e6:.1f} us/sample")
+    batches = [crops[i:i + BATCH] for i in range(0, SAMPLES - BATCH + 1, BATCH)]
+
+    def whole(fmt: torch.memory_format) -> float:
+        times = []
+        for _ in range(RUNS):
+            start = time.perf_counter()
+            for imgs in batches:
+                fast_collate(fmt, imgs)
+            times.append((time.perf_counter() - start) / (len(batches) * BATCH))
+        return statistics.median(times)
+
+    pairs = [(whole(torch.contiguous_format), whole(torch.channels_last)) for _ in range(RUNS)]
+    nchw, nhwc = min(p[0] for p in pairs), min(p[1] for p in pairs)
+    print(f"fast_collate, whole {BATCH}-sample batch: contiguous {nchw * 1e6:.1f}, channels_last {nhwc * 1e6:.1f} "
+          f"us/sample; channels_last adds {(nhwc - nchw) * 1e6:.1f} us/sample")
 
 
 if __name__ == "__main__":

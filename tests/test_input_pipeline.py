@@ -83,14 +83,18 @@ def test_the_nodes_cores_bound_the_workers():
 
 def test_the_dle_resnet_rows_run_the_loader_dle_configured():
     """NVIDIA DeepLearningExamples @7bdfc81d (the commit that published the ResNet-50 table) configs.yml:
-    DGXA100 workers 16, DGX1V 8; resnet_params data_backend pytorch."""
+    DGXA100 workers 16, DGX1V 8; resnet_params data_backend pytorch. fast_collate allocates its batch in the run's
+    memory_format (dataloaders.py:320-336): the AMP rows (nhwc) collate into a channels_last batch, the TF32/FP32
+    rows (nchw) into a contiguous one."""
     from dlperf.validate import load_dataset
 
     rows = [r for r in load_dataset() if r.source == "dle-resnet50"]
     assert len(rows) == 8
     for row in rows:
-        assert row.plan.data_backend == "cpu" and row.plan.input_ops == OPS
+        collate = "fast-collate-nhwc" if row.plan.memory_format == "nhwc" else "fast-collate"
+        assert row.plan.data_backend == "cpu" and row.plan.input_ops == (*OPS[:2], collate)
         assert row.plan.loader_workers == (16 if row.hardware == "dgx-a100" else 8)
+    assert {r.plan.memory_format for r in rows} == {"nhwc", "nchw"}
 
 
 @pytest.mark.parametrize(("changes", "match"), [
@@ -147,8 +151,10 @@ def test_every_input_cost_names_its_source():
     assert decode.seconds == pytest.approx(1 / 536.55)
     assert "ternaus/imread_benchmark" in decode.source and "EPYC 9B14" in decode.source
     assert pytest.approx(FRAMEWORK_HOST[0] / 32.2e-6) == MEASURED_VM_SPEED
-    for name in ("rrc224-flip-pillow", "fast-collate"):
+    for name in ("rrc224-flip-pillow", "fast-collate", "fast-collate-nhwc"):
         assert "benchmarks/input_ops.py" in INPUT_COSTS[name].source
     assert INPUT_COSTS["rrc224-flip-pillow"].seconds == pytest.approx(1208e-6 * MEASURED_VM_SPEED)
     assert INPUT_COSTS["fast-collate"].seconds == pytest.approx(182.5e-6 * MEASURED_VM_SPEED)
-    assert all(cost.seconds > 0 and cost.source for cost in INPUT_COSTS.values())
+    assert INPUT_COSTS["fast-collate-nhwc"].seconds == pytest.approx((182.5e-6 + 422.0e-6) * MEASURED_VM_SPEED)
+    assert INPUT_COSTS["fast-collate-nhwc"].seconds > INPUT_COSTS["fast-collate"].seconds
+

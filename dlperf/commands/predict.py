@@ -123,7 +123,8 @@ def plan_options(fn: Callable) -> Callable:
                           "model's repeated block: one per layer, except where a block holds two (gpt-oss's pair)."),
         click.option("--input-ops", default="", show_default=False,
                      help="Comma-separated per-sample CPU work of the loader, e.g. "
-                          "jpeg-decode-pillow,rrc224-flip-pillow,fast-collate (dlperf.engine.input.INPUT_COSTS)."),
+                          "jpeg-decode-pillow,rrc224-flip-pillow,fast-collate (fast-collate-nhwc: into a "
+                          "channels_last batch; dlperf.engine.input.INPUT_COSTS)."),
         click.option("--grad-passes", default="", show_default=False,
                      help="Comma-separated passes the training script makes over every micro-batch's gradient "
                           "besides accumulating it, e.g. amp-casts,unscale,finite-check,global-norm,clip "

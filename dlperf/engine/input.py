@@ -42,6 +42,14 @@ class InputCost:
 # Pillow decode (577 img/s on a Xeon Platinum 8581C of the same family and model against 537 on the Zen 4 EPYC
 # 9B14) the VM would instead be ~1.07x the reference, making augment 1.30 ms and collate 0.20 ms.
 MEASURED_VM_SPEED = 20.1 / 32.2
+# DeepLearningExamples' AMP runs pass memory_format=torch.channels_last to fast_collate (@7bdfc81d
+# PyTorch/Classification/ConvNets/image_classification/dataloaders.py:320-336 from main.py:411-412, configs.yml
+# memory_format nhwc for AMP): the batch is allocated NCHW and converted to NHWC, and each CHW sample is added into
+# a strided NHWC slice. benchmarks/input_ops.py times DLE's whole fast_collate of 256-sample batches in both layouts
+# back to back on the same VM: channels_last added 422.0 us per sample in the quietest of 5 runs (the one whose
+# contiguous figure was lowest; 422-638 us over the 5, load only adds time). torch 2.13 CPU; the runs used
+# PyTorch 1.9 (pytorch-21.03), whose TensorIterator copy may order the strided add differently.
+NHWC_COLLATE_EXTRA = 422.0e-6
 INPUT_COSTS: dict[str, InputCost] = {
     "jpeg-decode-pillow": InputCost(
         1 / 536.55,
@@ -56,6 +64,12 @@ INPUT_COSTS: dict[str, InputCost] = {
         182.5e-6 * MEASURED_VM_SPEED,
         "benchmarks/input_ops.py: NVIDIA DeepLearningExamples' fast_collate per 224x224 sample (numpy view, "
         "rollaxis, copy, add into the uint8 batch), 182.5 us on the same VM, x 0.624"),
+    "fast-collate-nhwc": InputCost(
+        (182.5e-6 + NHWC_COLLATE_EXTRA) * MEASURED_VM_SPEED,
+        "fast_collate into a channels_last batch, as DeepLearningExamples' AMP runs call it (memory_format nhwc: "
+        "@7bdfc81d dataloaders.py:320-336, main.py:411-412): the contiguous 182.5 us plus the 422.0 us per sample "
+        "benchmarks/input_ops.py measured a channels_last batch to add (whole 256-sample batches, back to back, "
+        "same VM), x 0.624"),
 }
 
 
