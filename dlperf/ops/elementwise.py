@@ -39,14 +39,22 @@ def _activation_saved(layer: Layer, e: int) -> Any:
     return e * numel(layer.in_shape)
 
 
-def _activation(op: str) -> OpRule:
+def _activation_kernels(op: str, layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     fwd, bwd = ACTIVATION_FLOPS[op]
-    # only ReLU may run in place: the others' backward reads their input, which an in-place op would destroy
+    if layer.get("xla", False):
+        return xla_gelu_kernels(_n(layer, batch), e)
+    return (elementwise_kernel(op, _n(layer, batch), e, fwd, bwd,
+                               cls="transcendental" if op in TRANSCENDENTAL else "memory"),)
+
+
+def _activation(op: str) -> OpRule:
+    # only ReLU may run in place: the others' backward reads their input, which an in-place op would destroy;
+    # only GELU has an XLA form (`xla`: TensorFlow 1 BERT's tanh GELU in an XLA cluster, xla_gelu_kernels)
+    extra = {"inplace": False} if op == "relu" else {"xla": False} if op == "gelu" else {}
     return OpRule(
-        attrs={"fused_glu": False, **({"inplace": False} if op == "relu" else {})},
+        attrs={"fused_glu": False, **extra},
         shape=lambda s, a: s,
-        kernels=lambda layer, b, e: (elementwise_kernel(op, _n(layer, b), e, fwd, bwd,
-                                                        cls="transcendental" if op in TRANSCENDENTAL else "memory"),),
+        kernels=lambda layer, b, e: _activation_kernels(op, layer, b, e),
         saved=_activation_saved,
         asymptotic=lambda layer, b: (_n(layer, b), 1),  # Table 4: O(NCHW), O(1)
     )
@@ -77,8 +85,115 @@ def random_tensor_kernel(name: str, n: Any) -> Kernel:
     return Kernel(name, "memory", Cost(fwd_bytes=RANDOM_TENSOR_BYTES * n), launches=1, bwd_launches=0)
 
 
+# ---- TensorFlow 1 BERT under XLA auto-clustering and the AMP graph rewrite (op attribute `xla`) -------------------
+#
+# What runs: NVIDIA DeepLearningExamples @729963dd TensorFlow/LanguageModeling/BERT builds the graph in fp32
+# (run_pretraining.py:281 compute_type fp32 unless --manual_fp16) and turns on the AMP rewrite
+# (optimization.py:100 enable_mixed_precision_graph_rewrite) and XLA auto-clustering (run_pretraining.py:588
+# global_jit_level ON_1). Each sublayer ends `layer_norm(dropout(dense(x)) + residual)` (modeling.py:870-875,
+# 887-892): tf.layers.dense is MatMul + BiasAdd, layer_norm is tf.contrib.layers.layer_norm on an fp32 input
+# (modeling.py:370-383), i.e. nn.moments (two Mean) and nn.batch_normalization (NVIDIA/tensorflow @91fc0fc3
+# contrib/layers/python/layers/layers.py:2360-2367, python/ops/nn_impl.py moments / batch_normalization: Rsqrt,
+# Mul, Sub, Add); gelu is 0.5x(1 + tanh(c(x + 0.044715 pow(x, 3)))) (modeling.py:283-285).
+#
+# The AMP rewrite (core/grappler/optimizers/auto_mixed_precision.cc @91fc0fc3, lists in
+# auto_mixed_precision_lists.h) paints MatMul/BatchMatMul white (lists.h:82, 86-87), then black forward from Mean
+# and Pow (black list, lists.h:177-178) through gray ops (BiasAdd, Mul, Add/AddV2, Sub, Tanh: lists.h:115-152)
+# (.cc:1568 PropagateBlackFwdThroughClearAndGray); gray ops become white only between white ops through non-black
+# ones (.cc:1618). So: the residual adds, every op of the LayerNorms and the whole GELU are black (fp32); the
+# BiasAdds and dropouts after the output and FFN MatMuls are downstream of white but reach the next MatMul only
+# through black ops, so they stay fp32 too; Casts sit at each MatMul's output and input (.cc:1882
+# ChangeTypeAttrsAndAddCasts). The attention's bias adds, softmax and its dropout lie between MatMuls: fp16. The
+# gradients of the fp32 ops are fp32 too (their Sum reductions and the forward's black tensors they read are
+# black). Under TF32 the whole section is fp32 anyway.
+#
+# What XLA makes of it (tensorflow/compiler/xla/service @91fc0fc3; fusion passes gpu/gpu_compiler.cc:262-265):
+# the Casts are converts that fuse into their neighbours (a widening convert is always duplicated into its
+# consumers: instruction_fusion.cc:49-56), so no Cast kernel of its own; GEMMs are library calls, so their outputs
+# and inputs are materialised at the plan's width; a reduction roots an input fusion, and one fusion holds
+# reductions of one shape and dimensions only (gpu/ir_emission_utils.cc:493-519), so row reductions (LayerNorm
+# statistics) and column reductions (gamma, beta and bias gradients) never share a kernel; tanh, rsqrt and pow are
+# expensive and never duplicated (instruction_fusion.cc:162-176, 678-682; gpu/fusion_merger.cc:219-227), so a tanh
+# whose output the backward reads (python/ops/math_grad.py:709-714, _TanhGrad reads op.outputs[0]) is
+# materialised, and multi-output fusion writes it from the forward GELU's own kernel
+# (gpu/multi_output_fusion.cc:127-222: a producer joins a consumer it does not reach). An HLO profile of
+# NVIDIA's TensorFlow 1 BERT under XLA and AMP shows that forward LayerNorm section (NVIDIA/tensorflow issue
+# #36, 2021, BERT-base inference): one input fusion computes the residual sum as f32 from the f16 GEMM output,
+# bias and f32 residual and writes it with the row means ("moments/mean", outputs (f32[1024], f32[1024,768])); one
+# reads it for the variance; a small one turns the variance into the inverse deviation (an f32[1024] fusion); one
+# writes the LayerNorm output twice, f16 for the next GEMM and f32 for the residual
+# ("batchnorm/add_1-0-CastToFp16-AutoMixedPrecision", outputs (f16[1024,768], f32[1024,768])).
+FP32_SECTION_BYTES = 4  # bytes per element of the tensors the AMP rewrite leaves float32 (above)
+
+
+def xla_residual_norm_kernels(n: Any, d: Any, e: int) -> tuple[Kernel, ...]:
+    """The bias-add + tf.nn.dropout + residual add + LayerNorm section after a GEMM, as XLA's kernels run it
+    (layernorm attribute `xla`; its dropout's `xla` and its residual's `fused` leave their work here). `n`
+    elements of width `d` per row; GEMM-side tensors (the GEMM output read forward, its gradient read and the
+    next GEMM's input written backward, the LayerNorm output copy for the next GEMM) at the plan's width `e`,
+    the section's own tensors (the residual stream, the residual sum x, its gradient) at FP32_SECTION_BYTES, the
+    dropout's random tensor at RANDOM_TENSOR_BYTES. Forward (the profile above): x and mean (reads GEMM output,
+    random tensor, residual; writes x), variance (reads x), inverse deviation (per row), normalize (reads x,
+    writes the f32 output and, below fp32, the GEMM's copy). Backward (TensorFlow's gradients of these ops,
+    math_grad.py @91fc0fc3 _MulGrad, _MeanGrad, _RsqrtGrad, _SquaredDifferenceGrad: row sums for the mean and
+    inverse deviation, column sums for gamma and beta, then the input gradient that needs the row sums): the row
+    sums (read the incoming gradient, the residual's gradient, x), the column sums (the same), the input
+    gradient (the same and the random tensor for the dropout's mask; writes the residual's gradient and, at the
+    plan's width, the GEMM's input gradient). The GEMM's bias gradient, a column sum of the same shape, joins the
+    column sums by sibling multi-output fusion (gpu/multi_output_fusion.cc:73-85 allows two input fusions) and
+    reads the random tensor there too: the linear (or attention) layer's own bias-gradient pass stands for it, 2
+    bytes per element short at fp16. Also short: the incoming gradient is taken as one GEMM's, where the Q, K and
+    V GEMMs each return one before the output LayerNorm."""
+    f, r = FP32_SECTION_BYTES, RANDOM_TENSOR_BYTES
+    rows = n / d
+    copy = e if e != f else 0  # the normalize kernel's second output, for the next GEMM (none when it reads fp32)
+    grad_in = e + 2 * f  # incoming GEMM gradient, the residual's gradient, x
+    return (
+        Kernel("xla_residual_mean", "memory", Cost(
+            fwd_flops=6 * n, fwd_bytes=n * (e + r + 2 * f) + f * rows, depth=clog2(d) + 3), launches=1,
+            bwd_launches=0),
+        Kernel("xla_variance", "memory", Cost(fwd_flops=3 * n, fwd_bytes=n * f + 2 * f * rows, depth=clog2(d) + 1),
+               launches=1, bwd_launches=0),
+        Kernel("xla_inverse_deviation", "memory", Cost(fwd_flops=2 * rows, fwd_bytes=2 * f * rows, depth=2),
+               launches=1, bwd_launches=0),
+        Kernel("xla_normalize", "memory", Cost(fwd_flops=4 * n, fwd_bytes=n * (2 * f + copy) + 2 * f * rows,
+                                               depth=2), launches=1, bwd_launches=0),
+        Kernel("xla_grad_row_sums", "memory", Cost(bwd_data_flops=4 * n, bwd_bytes=n * grad_in, bwd_depth=clog2(d)),
+               launches=0, bwd_launches=1),
+        Kernel("xla_grad_column_sums", "memory", Cost(bwd_weight_flops=4 * n, bwd_bytes=n * grad_in,
+                                                      bwd_depth=clog2(rows)), launches=0, bwd_launches=1),
+        Kernel("xla_grad_input", "memory", Cost(bwd_data_flops=8 * n, bwd_bytes=n * (grad_in + r + f + e),
+                                                bwd_depth=3), launches=0, bwd_launches=1),
+    )
+
+
+def xla_gelu_kernels(n: Any, e: int) -> tuple[Kernel, ...]:
+    """TensorFlow 1 BERT's tanh GELU on `n` elements in an XLA cluster (gelu attribute `xla`; section comment
+    above): forward, one multi-output fusion reads the GEMM output (plan width `e`), writes the GELU for the next
+    GEMM (`e`) and the float32 tanh the backward reads; backward, one fusion reads the incoming GEMM gradient
+    (`e`), the GEMM output again (the bias add and its convert are recomputed) and the tanh, and writes the
+    gradient for the GEMM before it (`e`). The bias gradient is a column sum of that same float32 gradient,
+    which no loop fusion can hold (a reduction's fusion is an input fusion, and sibling multi-output fusion
+    joins fusions of one kind only: gpu/multi_output_fusion.cc:73-85), so it reads the same three tensors
+    again: the linear layer's own bias-gradient pass stands for its launch and its read of one `e`-wide tensor,
+    `xla_gelu_bias_grad_reads` adds the other two (no launch of its own)."""
+    fwd, bwd = ACTIVATION_FLOPS["gelu"]
+    f = FP32_SECTION_BYTES
+    return (
+        Kernel("xla_gelu", "transcendental", Cost(
+            fwd_flops=fwd * n, bwd_data_flops=bwd * n, fwd_bytes=n * (2 * e + f), bwd_bytes=n * (3 * e + f),
+            depth=1, bwd_depth=1), launches=1, bwd_launches=1),
+        Kernel("xla_gelu_bias_grad_reads", "memory", Cost(bwd_bytes=n * (e + f)), launches=0, bwd_launches=0),
+    )
+
+
 def _dropout_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     n = _n(layer, batch)
+    if layer["xla"]:
+        # inside an XLA cluster, fused into the section that follows it (the layernorm with `xla`, which reads
+        # the GEMM output and the random tensor there and recomputes the mask from it in backward): only the
+        # RandomUniform, which XLA does not cluster, stays a kernel of its own
+        return (random_tensor_kernel("random_uniform", n),) if layer["random_tensor"] else ()
     drawn = RANDOM_TENSOR_BYTES * n if layer["random_tensor"] else 0  # read back from a RandomUniform kernel
     # random draw + compare + scale; writes the output and a one-byte mask, backward reads the mask.
     kernel = Kernel("dropout", "memory", Cost(
@@ -89,7 +204,7 @@ def _dropout_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
 
 
 DROPOUT = OpRule(
-    attrs={"p": 0.1, "random_tensor": False},
+    attrs={"p": 0.1, "random_tensor": False, "xla": False},
     shape=lambda s, a: s,
     kernels=_dropout_kernels,
     saved=lambda layer, e: MASK_BYTES * numel(layer.in_shape),
@@ -118,6 +233,8 @@ BATCHNORM = OpRule(
 def _norm(rms: bool) -> OpRule:
     def kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
         n, d = _n(layer, batch), layer.in_shape[-1]
+        if not rms and layer["xla"]:
+            return xla_residual_norm_kernels(n, d, e)
         flops = 5 if rms else 8
         return (Kernel("rmsnorm" if rms else "layernorm", "memory", Cost(
             fwd_flops=flops * n, bwd_data_flops=(flops + 2) * n, bwd_weight_flops=2 * n,
@@ -127,7 +244,7 @@ def _norm(rms: bool) -> OpRule:
     def params(s: tuple, a: dict) -> Any:
         return s[-1] * (1 if rms or not a["bias"] else 2)
 
-    return OpRule(attrs={} if rms else {"bias": True, "eps": None}, shape=lambda s, a: s, params=params,
+    return OpRule(attrs={} if rms else {"bias": True, "eps": None, "xla": False}, shape=lambda s, a: s, params=params,
                   kernels=kernels, tp="full")
 
 
@@ -210,6 +327,10 @@ GLOBAL_AVGPOOL = OpRule(attrs={}, shape=lambda s, a: (need_rank(s, 3, "global_av
 
 
 def _add_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    if layer.get("fused", False):
+        # a residual entry's `fused`: the add runs inside the kernels of the op after it (an XLA cluster's
+        # fusion, the layernorm with `xla`), which price its reads and writes, and its gradient's accumulation
+        return ()
     n = batch * numel(layer.out_shape)
     # y = a + b reads two, writes one. Its gradient passes to both inputs unchanged, but the fork that fed the
     # two paths (a residual's skip and branch) sums their gradients in backward: autograd's accumulation reads

@@ -321,10 +321,12 @@ def _entry(entry: Any, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int
     if "block" in entry:
         return _block_call(entry, shape, env, ctx, where, line)
     if "residual" in entry:
-        check_keys(entry, ("residual", "shortcut", "name"), ctx.file, where)
+        check_keys(entry, ("residual", "shortcut", "name", "fused"), ctx.file, where)
         paths = [entry["residual"]] + ([entry["shortcut"]] if "shortcut" in entry else [])
+        fused = _attr("add", "fused", entry["fused"], False, env, ctx, where, line_of(entry, "fused") or line) \
+            if "fused" in entry else False
         return _branches(paths, "add", shape, env, ctx, where, line, entry.get("name", "residual"),
-                         identity=len(paths) == 1)
+                         identity=len(paths) == 1, merge_attrs=(("fused", True),) if fused else ())
     if "branches" in entry:
         check_keys(entry, ("branches", "merge", "name"), ctx.file, where, required=("merge",))
         paths = entry["branches"]
@@ -380,14 +382,14 @@ def _check_repeatable(seq: Seq, shape: tuple, repeat: int, where: str) -> None:
 
 
 def _branches(paths: list, merge: Any, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int | None,
-              name: str, identity: bool = False) -> Branches:
+              name: str, identity: bool = False, merge_attrs: tuple = ()) -> Branches:
     if not isinstance(merge, str) or merge not in MERGE_OPS:
         raise SpecError(expected="merge: " + " | ".join(MERGE_OPS), found=merge, file=ctx.file, line=line,
                         field=f"{where}.merge")
     seqs = [_sequence(p, shape, env, ctx, f"{where}.path{i}", line) for i, p in enumerate(paths)]
     ends = [out_shape(s, shape) for s in seqs] + ([shape] if identity else [])
     merged = _merge_shape(merge, ends)
-    merge_layer = Layer(merge, (), ends[0], merged, f"{name}.{merge}")
+    merge_layer = Layer(merge, merge_attrs, ends[0], merged, f"{name}.{merge}")
     return Branches(tuple(seqs), merge_layer, str(name))
 
 
