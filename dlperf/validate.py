@@ -707,9 +707,15 @@ def _varies(plans: Sequence[Plan]) -> list[str]:
     return [name for name in resolved[0] if len({str(r[name]) for r in resolved}) > 1]
 
 
+# Plan fields that name the software a run used, not a choice of plan: rows that differ only in them are the same
+# plan measured on two releases, not alternatives to rank.
+SOFTWARE_FIELDS = ("cudnn",)
+
+
 def is_layout_group(group: dict[str, Any]) -> bool:
     """Alternative plans at one precision: they differ in parallel layout, micro-batch, recomputation, ..."""
-    return bool(group["varies"]) and not any(name in PRECISION_FIELDS for name in group["varies"])
+    choices = [name for name in group["varies"] if name not in SOFTWARE_FIELDS]
+    return bool(choices) and not any(name in PRECISION_FIELDS for name in choices)
 
 
 def median_spearman(results: Sequence[Result], layout_only: bool = False) -> float | None:

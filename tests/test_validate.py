@@ -999,3 +999,16 @@ def test_megatron_bridge_blackwell_llama3_fp8_rows_within_20_percent(results):
 def test_megatron_bridge_new_moe_rows_within_20_percent(results):
     chosen = _new_moe(results)
     assert max(abs(r.error_pct) for r in chosen) <= ISSUE14_FP8_MOE_TOLERANCE_PCT
+
+
+def test_layout_summary_leaves_out_one_plan_measured_on_two_releases():
+    """Two rows of one plan that differ only in the cuDNN their release shipped are the same plan measured twice,
+    not alternatives to rank: the layout summary leaves them out, the all-groups median keeps them."""
+    old = plan_result(20, 2, 8)
+    new = Result(Row(**{**old.row.__dict__, "id": "new", "value": 10.0,
+                        "plan": old.row.plan.with_(cudnn="9.18.0")}), 1.0)
+    old = Result(Row(**{**old.row.__dict__, "plan": old.row.plan.with_(cudnn="9.13.1")}), 2.0)
+    (group,) = plan_groups([old, new])
+    assert group["varies"] == ["cudnn"] and not is_layout_group(group)
+    assert median_spearman([old, new]) == pytest.approx(1.0)
+    assert median_spearman([old, new], layout_only=True) is None
