@@ -1063,3 +1063,26 @@ def test_fp8_scaling_needs_the_per_tensor_fp8_recipe(capsys):
         err = capsys.readouterr().err.strip()
         assert err.startswith("Error: --fp8-scaling current is how the per-tensor FP8 recipe scales") and \
             "\n" not in err
+
+
+def test_qkv_split_counts_megatron_core():
+    """Megatron-Core's QKV split (dlperf.ops.dense QKV_SPLIT_IMPLS): query and value copies forward (and the key
+    under QK-norm), one torch.cat of dq, dk, dv backward; no query copy where a rank holds one query group."""
+    from dlperf.ops import OPS
+    from dlperf.ops.base import Layer
+    from dlperf.ops.dense import _qkv_split_kernel, qkv_split_for_rank
+
+    def attention(impl: str) -> Layer:
+        full = {**OPS["attention"].attrs, "heads": 8, "kv_heads": 2, "head_dim": 4, "kv_seq": 3, "out": 16,
+                "qkv_split": impl}
+        return Layer("attention", tuple(sorted(full.items())), (3, 16), (3, 16), "attention", 0)
+    layer = attention("mcore")
+    q, k = 3 * 8 * 4, 3 * 2 * 4
+    kern = _qkv_split_kernel(layer, 1, 2)
+    assert (kern.cost.fwd_bytes, kern.cost.bwd_bytes, kern.launches, kern.bwd_launches) == (
+        2 * 2 * (q + k), 2 * 2 * (q + 2 * k), 2, 1)
+    norm = _qkv_split_kernel(attention("mcore_qk_norm"), 1, 2)
+    assert (norm.cost.fwd_bytes, norm.launches) == (2 * 2 * (q + 2 * k), 3)
+    assert qkv_split_for_rank(layer, [kern], 1, 2, 1) == [kern]
+    view = qkv_split_for_rank(layer, [kern], 1, 2, 2)[0]
+    assert (view.cost.fwd_bytes, view.launches) == (2 * 2 * k, 1)

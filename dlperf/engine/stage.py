@@ -23,7 +23,7 @@ from dlperf.engine.overlap import exposed
 from dlperf.ops import OPS
 from dlperf.ops.base import Kernel
 from dlperf.ops.conv import TENSOR_CORE_DTYPES, algorithm_kernel, applicable, layout_transpose_kernel
-from dlperf.ops.dense import quadratic_attention_bytes, softmax_for_rank
+from dlperf.ops.dense import qkv_split_for_rank, quadratic_attention_bytes, softmax_for_rank
 from dlperf.ops.fp8 import OPERAND_BYTES, fp8_kernels, is_recipe, kernel_dtype, storage_dtype
 from dlperf.ops.fp8 import saved_bytes as fp8_saved_bytes
 from dlperf.ops.moe import moe_kernels
@@ -169,6 +169,7 @@ def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
     kernels = list(OPS[use.layer.op].kernels(use.layer, batch, e))
     if fallback:
         kernels = softmax_for_rank(use.layer, kernels, batch, e, divisor)
+    kernels = qkv_split_for_rank(use.layer, kernels, batch, e, divisor)
     if use.layer.op == "conv2d":
         kernels[0] = conv_choice(use, batch, e, hw, storage_dtype(dtype), divisor)[0]
         if nchw and dtype in TENSOR_CORE_DTYPES:  # NCHW tensors on tensor cores: cuDNN's layout transposes

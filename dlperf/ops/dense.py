@@ -235,6 +235,48 @@ ROPE_FWD_PASSES, ROPE_BWD_PASSES = 12, 14          # eager, element-sized passes
 ROPE_TABLE_BYTES = 2 * ((4 + 4) + (4 + 4) + (4 + 2))  # eager: cos and sin: fp32 op, fp32 multiply, cast to bf16
 ROPE_LAUNCHES = {"eager": (12, 7), "fused": (1, 1), "complex": (3, 4)}  # per rotated tensor (forward, backward)
 
+# Megatron-Core's split of the fused QKV projection (`qkv_split`). SelfAttention.get_query_key_value_tensors
+# (megatron/core/transformer/attention.py, NVIDIA/Megatron-LM @3758b54b lines 1429-1474; the same code at @92c8482e6,
+# @23265d2d, @00225507, @24bad8e6) views linear_qkv's output as [sq, b, ng, (np/ng + 2) * hn] and splits it along
+# the last dimension (torch.split: the `from transformer_engine.pytorch.attention import _SplitAlongDim` of
+# megatron/core/extensions/transformer_engine.py fails at TE @71bbefbf, whose attention/__init__.py exports no such
+# name, so SplitAlongDim is None); query.reshape(sq, b, -1, hn) of that strided view copies the query (one read,
+# one write) unless a rank holds one query group or one query head per group (the view then merges). Key and value
+# stay strided views: the key becomes a new tensor in the RoPE kernel (TE's fused RoPE reads any strides,
+# apply_rope.cpp), or, with Qwen3's QK-norm, in TE's RMSNorm op, which runs input_.contiguous() first
+# (transformer_engine/pytorch/ops/basic/rmsnorm.py @71bbefbf line 182): one more copy (`mcore_qk_norm`). The value
+# reaches TE's DotProductAttention strided; get_qkv_layout (attention/dot_product_attention/utils.py @71bbefbf
+# lines 1956-2055, the same at f031cf87 and f8a01cd5) finds k and v with unequal strides, "not_supported", and
+# runs x.contiguous() on q, k and v: a copy of the value. Backward: the views' and copies' backwards pass the
+# gradient through, and torch.split's backward (split_with_sizes_backward) concatenates dq, dk and dv (separate
+# tensors from the attention and RoPE backwards) into one [sq, b, ng, (np/ng + 2) * hn] gradient: one torch.cat
+# kernel, reading and writing Q, K and V once each.
+QKV_SPLIT_IMPLS = ("mcore", "mcore_qk_norm")
+
+
+def _qkv_split_kernel(layer: Layer, batch: Any, e: int, query_copy: bool = True) -> Kernel:
+    """Megatron-Core's query reshape copy, key (QK-norm) and value contiguous copies forward, and the split's
+    torch.cat backward (the comment above); `query_copy` False where the reshape is a view on the rank."""
+    s, _, h, kv, hd, skv = _attention_dims(layer)
+    q, k = batch * s * h * hd, batch * skv * kv * hd
+    copied = (q if query_copy else 0) + k * (2 if layer["qkv_split"] == "mcore_qk_norm" else 1)
+    launches = int(query_copy) + (2 if layer["qkv_split"] == "mcore_qk_norm" else 1)
+    return Kernel("qkv_split", "memory", Cost(fwd_bytes=2 * e * copied, bwd_bytes=2 * e * (q + 2 * k),
+                                              depth=1, bwd_depth=1), launches=launches, bwd_launches=1)
+
+
+def qkv_split_for_rank(layer: Layer, kernels: list[Kernel], batch: Any, e: int, tp: Any) -> list[Kernel]:
+    """The `qkv_split` kernel as one tensor-parallel rank runs it: the query reshape is a view (no copy) where the
+    rank holds one query group (kv_heads / tp == 1) or each group one query head (heads == kv_heads)."""
+    if layer.op != "attention" or not layer["qkv_split"] or not _whole(tp):
+        return kernels
+    _, _, h, kv, _, _ = _attention_dims(layer)
+    if not (_whole(h) and _whole(kv)):
+        return kernels
+    if int(kv) > int(tp) and int(h) != int(kv):
+        return kernels
+    return [_qkv_split_kernel(layer, batch, e, query_copy=False) if k.name == "qkv_split" else k for k in kernels]
+
 
 def rope_bytes(impl: str, e: int) -> tuple[int, int, int, int]:
     """(forward, backward) bytes per rotated element, then (forward, backward) bytes per position and rotary
@@ -275,6 +317,8 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
         gemm("q_proj", q_rows, d, h * hd, e, in_bias, tp_dim="n"),
         gemm("kv_proj", kv_rows, d, 2 * kv * hd, e, in_bias, tp_dim="n"),
     )
+    if layer["qkv_split"]:
+        projections += (_qkv_split_kernel(layer, batch, e, query_copy=h != kv),)
     if layer["rope"]:
         projections += (_rope_kernel(layer, batch, e),)
     out_proj = gemm("out_proj", q_rows, h * hd, out, e, bias, tp_dim="k")
@@ -620,7 +664,7 @@ ATTENTION = OpRule(
     attrs={"heads": REQUIRED, "head_dim": None, "kv_heads": None, "causal": False, "bias": True,
            "flash": False, "kv_seq": None, "out": None, "dropout": 0.0, "random_tensor": False, "qkv_bias": False,
            "flash_version": 2, "triton": False, "softmax": "fused", "window": None, "sinks": False, "unpad": False,
-           "rope": None},
+           "rope": None, "qkv_split": None},
     shape=lambda s, a: (*s[:-1], a["out"]),
     params=_attention_params,
     kernels=_attention_kernels,

@@ -16,7 +16,7 @@ from dlperf import builtins
 from dlperf.errors import DlperfError, ShapeError, SpecError
 from dlperf.ops import MERGE_OPS, OPS
 from dlperf.ops.base import REQUIRED, Layer
-from dlperf.ops.dense import LOSS_IMPLS, ROPE_IMPLS, SOFTMAX_IMPLS
+from dlperf.ops.dense import LOSS_IMPLS, QKV_SPLIT_IMPLS, ROPE_IMPLS, SOFTMAX_IMPLS
 from dlperf.spec import expr
 from dlperf.spec.hardware import DTYPES
 from dlperf.spec.yamlio import check_keys, closest, line_of, load_yaml_file
@@ -25,7 +25,8 @@ TOP_KEYS = ("name", "description", "source", "input", "dtype", "params", "base",
 FLOAT_ATTRS = ("p", "eps", "dropout")
 FACTOR_ATTRS = ("capacity_factor",)  # a number >= 1 (null: off)
 CHOICE_ATTRS = {"algorithm": ("auto", "direct", "im2col", "winograd", "fft"), "impl": LOSS_IMPLS,
-                "softmax": SOFTMAX_IMPLS, "rope": ROPE_IMPLS}
+                "softmax": SOFTMAX_IMPLS, "rope": ROPE_IMPLS,
+                "qkv_split": QKV_SPLIT_IMPLS}
 MAX_REPEAT = 10**6
 # Work budgets checked while building (issue #15). The largest built-in model has 966 layer instances, 198
 # pipeline units and builds ~400 layer entries; 16 blocks each calling the previous one 10 times would build
