@@ -58,11 +58,12 @@ def test_bert_base_model_with_pooler_is_109_482_240() -> None:
 def test_llama3_config_prices_like_the_builtin() -> None:
     # the built-in runs Hopper-generation fused attention (flash_version 3); a converted config defaults to SDPA's
     # FlashAttention-2. The built-in also prices the RoPE its training stacks run (Transformer Engine's fused kernel
-    # under Megatron-Core, dlperf.ops.dense `rope: fused`); a config names no stack, so the converted model leaves
-    # it out and is given it here to compare the rest.
+    # under Megatron-Core, dlperf.ops.dense `rope: fused`) and Megatron-Core's QKV split copies (`qkv_split:
+    # mcore`); a config names no stack, so the converted model leaves both out and is given them here to compare
+    # the rest.
     data, file = hf.load_config(config("meta-llama-3-8b"))
     attention = next(entry for entry in data["blocks"]["layer"]["layers"][0]["residual"] if entry["op"] == "attention")
-    attention["rope"] = "fused"
+    attention["rope"], attention["qkv_split"] = "fused", "mcore"
     converted, builtin = model_from_dict(data, file, {"flash_version": 3}), load_model("llama3-8b")
     assert converted.total_params == builtin.total_params
     hw, plan = load_hardware("dgx-h100"), Plan(devices=8, tp=8, global_batch=8, micro_batch=1)
