@@ -719,7 +719,7 @@ def test_every_scored_row_counted_and_plans_ranked(results):
 
 
 # Issue 12's overall acceptance, mean abs error over the scored measurements <= 10%: 9.8% over 694 rows (session 14;
-# 13.1% at ed6d1eb), by a small margin. Megatron-Bridge (14.2%: its MoE all-to-all rows and GPT-OSS too fast), one-GPU
+# 13.1% at ed6d1eb), by a small margin. Megatron-Bridge (14.1%: its MoE all-to-all rows and GPT-OSS too fast), one-GPU
 # TF1 BERT and one-GPU ResNet-50 AMP are over their own bounds (the strict xfails below); vTrain's 1,440 one-node
 # rows, its simulator's output, are not counted.
 def test_every_scored_row_overall_within_10_percent(results):
@@ -939,8 +939,8 @@ def test_megatron_bridge_tolerance_tests_score_the_rows_they_name(results):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "Megatron-Bridge GPT-OSS 120B (29 rows, MAE 28.4%, all but two too fast): BF16 H100 +20..+24%, B200 "
-    "+12..+87%, GB200 +25..+50%, GB300 +24..+27%, B300 +32..+61%; MXFP8 (26.06+, full-iteration CUDA graphs and "
+    "Megatron-Bridge GPT-OSS 120B (29 rows, MAE 28.3%, all but two too fast): BF16 H100 +20..+24%, B200 "
+    "+12..+87%, GB200 +25..+49%, GB300 +24..+27%, B300 +32..+61%; MXFP8 (26.06+, full-iteration CUDA graphs and "
     "fused grouped MLP) GB200 +5/+6%, GB300 -4/-3%, B300 +28%. Priced: the sliding-window layers as cuDNN runs them, "
     "head dim 64 at cuDNN's H100 rate, Megatron-Core's eager GLU clamp, fp32 down-projection bias and eager YaRN "
     "RoPE, the QKV split copies, the expert GEMMs per expert (TE's own grouped-GEMM benchmark, "
@@ -953,11 +953,11 @@ def test_megatron_bridge_gpt_oss_rows_within_20_percent(results):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "Megatron-Bridge Llama 3 on DGX-B200 / GB200 / GB300 NVL72 in FP8, MXFP8 and NVFP4 (72 rows, MAE 7.4%, signed "
-    "+2.6%); over 20%: 405B MXFP8 on GB200 (+7..+30%, the 25.09 row +30%) and 70B MXFP8 on GB300 (-18..+6%). FP8: "
-    "8B B200 -1/+1%, GB200 +10%, GB300 -0%; 70B with activation offloading GB300 +6..+10%, GB200 +11..+19%; 405B "
-    "-7..+7%. MXFP8: 8B B200 +3%, GB200 +15/+16%, GB300 +3%; 70B GB200 +6..+12%; 405B B200 +4%, GB300 -1..+3%. "
-    "NVFP4: 70B GB200 +3..+12%, GB300 -5..+19%; 405B -15..-6%. GEMMs: B200's power-limited BF16 fit and XLA FP8 "
+    "Megatron-Bridge Llama 3 on DGX-B200 / GB200 / GB300 NVL72 in FP8, MXFP8 and NVFP4 (72 rows, MAE 7.3%, signed "
+    "+2.5%); over 20%: 405B MXFP8 on GB200 (+7..+30%, the 25.09 row +30%) and 70B MXFP8 on GB300 (-19..+6%). FP8: "
+    "8B B200 -1/+1%, GB200 +10%, GB300 -0%; 70B with activation offloading GB300 +5..+10%, GB200 +10..+19%; 405B "
+    "-7..+7%. MXFP8: 8B B200 +3%, GB200 +15/+16%, GB300 +3%; 70B GB200 +5..+12%; 405B B200 +4%, GB300 -1..+3%. "
+    "NVFP4: 70B GB200 +3..+12%, GB300 -5..+17%; 405B -15..-6%. GEMMs: B200's power-limited BF16 fit and XLA FP8 "
     "fit, GB200/GB300 as B200's times aiconfigurator's same-software ratios; fused attention at each release's "
     "cuDNN; MXFP8 GEMMs on the FP8 curve (no same-run MXFP8/FP8 cuBLAS table is public); CUDA graphs (the 8B "
     "recipes) are not modelled; nothing is fitted to these rows"))
@@ -967,11 +967,11 @@ def test_megatron_bridge_blackwell_llama3_fp8_rows_within_20_percent(results):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "Megatron-Bridge MoE rows other than DeepSeek-V3 on H100 (90 rows, MAE 16.7%). The 70 HybridEP rows: MAE 9.2% "
+    "Megatron-Bridge MoE rows other than DeepSeek-V3 on H100 (90 rows, MAE 16.6%). The 70 HybridEP rows: MAE 9.1% "
     "(DeepSeek-V3 -5..+11%, Qwen3-235B -13..+16%, Qwen3-30B +1..+30% and +101% on B200 at 26.02's MBS 1, H100 "
-    "+20/+22%). The 20 all-to-all / DeepEP rows: MAE 43.0%, -23..+168%: Qwen3-30B H100 dropless with EP overlap "
+    "+20/+22%). The 20 all-to-all / DeepEP rows: MAE 42.9%, -23..+168%: Qwen3-30B H100 dropless with EP overlap "
     "+168% (25.11), +124% (26.02), +27% (26.02.01: the same layout measured 1.8x faster than 26.02), B200 MXFP8 "
-    "MBS 1 +90%; Qwen3-235B B300 +94/+99% (26.02, 26.02.01: the table's VP 4 at MBS 1) and +18% (26.04), B200 "
+    "MBS 1 +90%; Qwen3-235B B300 +94/+98% (26.02, 26.02.01: the table's VP 4 at MBS 1) and +18% (26.04), B200 "
     "-1..+72%. Priced: TE's per-expert GEMMs on four streams, per-expert FP8 quantization, MXFP8 scale swizzles, "
     "the dispatcher's count gather, all-to-alls and host sync, DeepEP's layout kernel, Megatron-Core's router, "
     "aux-loss and permutation operators, fused RoPE and the QKV split copies. The micro-batch-1 rows point at a "
