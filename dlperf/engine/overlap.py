@@ -30,6 +30,14 @@ RS_SMS = 16
 PIPELINE_SPLITS = 4
 
 
+def hidden_transfer(t: Any, window: Any, stolen: float) -> Any:
+    """Exposed time of a transfer of `t` seconds run beside `window` seconds of compute: what outlasts the
+    window, plus the compute's slowdown from the share of the SMs (`stolen`) the transfer's NCCL kernel holds
+    over the part they overlap. Shared by the pipeline's overlapped sends (dlperf.engine.pipeline.overlapped_p2p)
+    and ZeRO-3's per-unit gathers (dlperf.engine.step._pipelined)."""
+    return mathx.maximum(t - window, 0.0) + stolen * mathx.minimum(t, window)
+
+
 def rs_slowdown(sms: int | None) -> float:
     """Extra GEMM time while a reduce-scatter holds 16 SMs: 16 / (132 - 16) = 13.8% on an H100 (0 when the
     hardware file gives no SM count)."""

@@ -10,6 +10,7 @@ import bisect
 from typing import Any
 
 from dlperf import mathx
+from dlperf.engine.overlap import hidden_transfer
 from dlperf.ops.base import Layer
 from dlperf.spec.model import Model, Seq
 
@@ -144,11 +145,8 @@ def overlapped_p2p(t_fwd: Any, t_bwd: Any, t_p2p: Any, m: Any, pp: int, v: Any, 
     schedule's 2 * (v*m + pp - 1) * t_p2p; equal to it when every micro-batch is in the warm-up."""
     warm = interleaved_warmup(m, pp, v)
     steady = v * m - warm
-
-    def shown(window: Any) -> Any:
-        return mathx.maximum(t_p2p - window, 0.0) + stolen * mathx.minimum(t_p2p, window)
-
-    return 2 * (warm + pp - 1) * t_p2p + steady * (shown(t_bwd / v) + shown(t_fwd / v))
+    return 2 * (warm + pp - 1) * t_p2p + steady * (hidden_transfer(t_p2p, t_bwd / v, stolen)
+                                                   + hidden_transfer(t_p2p, t_fwd / v, stolen))
 
 
 def in_flight(schedule: str, m: Any, pp: int, v: Any) -> Any:

@@ -23,6 +23,7 @@ from dlperf.engine.input import input_note, input_wait
 from dlperf.engine.layers import element_bytes, tp_uses
 from dlperf.engine.metric_sync import metric_sync_time, synced_metrics
 from dlperf.engine.optimizer_loop import loop_launches, loop_time
+from dlperf.engine.overlap import hidden_transfer
 from dlperf.engine.pipeline import (
     balanced_partition,
     dualpipe_bubble,
@@ -1012,7 +1013,7 @@ def _pipelined(comm_unit: Any, compute_unit: Any, units: int, tail: Any, stolen:
     """Exposed time of `units` transfers each hidden behind the previous unit's compute (see _zero3_per_micro),
     plus the overlapped compute's slowdown from sharing the device, plus a `tail` that nothing follows."""
     first = comm_unit - tail if tail else comm_unit  # the backward's first unit gathers, it has not reduced yet
-    later = (units - 1) * (max(comm_unit - compute_unit, 0.0) + stolen * min(comm_unit, compute_unit))
+    later = (units - 1) * hidden_transfer(comm_unit, compute_unit, stolen)
     return first + later + tail
 
 
