@@ -40,7 +40,7 @@ from dlperf.errors import PlanError
 from dlperf.ops.base import numel
 from dlperf.ops.fp8 import fp8_layers, is_recipe, param_gather_bytes, weight_cast_bytes
 from dlperf.ops.recompute import ActivationPolicy, norm_consumers, rerun_kernels, reruns
-from dlperf.plan import PER_BLOCK_ZERO_IMPLS, Plan, dualpipe_micro_batches_ok, validate
+from dlperf.plan import PER_BLOCK_ZERO_IMPLS, Plan, cudnn_version, dualpipe_micro_batches_ok, validate
 from dlperf.spec.hardware import DEFAULT_CHANNELS, Hardware
 from dlperf.spec.model import Model, out_shape
 
@@ -606,7 +606,7 @@ def cudnn_note(plan: Plan, hw: Hardware) -> list[str]:
                 f"efficiency.attention_fa3.by_cudnn), so its own curve prices it"]
     measured = hw.device.for_cudnn(plan.cudnn).cudnn
     versions = ", ".join(text for _, text, _ in curves)
-    if measured == curves[0][1] and curves[0][0] > tuple(int(x) for x in plan.cudnn.split("."))[:3]:
+    if cudnn_version(plan.cudnn)[:3] < curves[0][0]:  # older than every measured one: for_cudnn took the oldest
         return [f"cudnn {plan.cudnn}: older than every cuDNN {hw.name} measures fused attention at ({versions}); "
                 f"priced at the oldest, {measured}: cuDNN's attention got faster release by release, so a lower bound "
                 f"on its time"]
