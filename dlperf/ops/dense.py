@@ -259,10 +259,11 @@ def _qkv_split_kernel(layer: Layer, batch: Any, e: int, query_copy: bool = True)
     torch.cat backward (the comment above); `query_copy` False where the reshape is a view on the rank."""
     s, _, h, kv, hd, skv = _attention_dims(layer)
     q, k = batch * s * h * hd, batch * skv * kv * hd
-    copied = (q if query_copy else 0) + k * (2 if layer["qkv_split"] == "mcore_qk_norm" else 1)
-    launches = int(query_copy) + (2 if layer["qkv_split"] == "mcore_qk_norm" else 1)
+    kv_copies = 2 if layer["qkv_split"] == "mcore_qk_norm" else 1  # the value, and the key under QK-norm
+    copied = (q if query_copy else 0) + k * kv_copies
     return Kernel("qkv_split", "memory", Cost(fwd_bytes=2 * e * copied, bwd_bytes=2 * e * (q + 2 * k),
-                                              depth=1, bwd_depth=1), launches=launches, bwd_launches=1)
+                                              depth=1, bwd_depth=1), launches=int(query_copy) + kv_copies,
+                  bwd_launches=1)
 
 
 def qkv_split_for_rank(layer: Layer, kernels: list[Kernel], batch: Any, e: int, tp: Any) -> list[Kernel]:
