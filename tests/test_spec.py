@@ -174,3 +174,20 @@ def test_cli_error_is_one_line_exit_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "bad.yaml:12: blocks.basic.layers[1].op: unknown op" in proc.stderr
+
+
+def test_a_parsed_document_is_reused_but_each_caller_gets_its_own_copy(tmp_path, monkeypatch):
+    from dlperf.spec import yamlio
+
+    parsed = []
+    parse = yamlio._parse
+    monkeypatch.setattr(yamlio, "_parse", lambda text, file: parsed.append(file) or parse(text, file))
+    path = tmp_path / "doc.yaml"
+    path.write_text("a:\n  b: [1, 2]\n")
+    first = yamlio.load_yaml_file(path)
+    first["a"]["b"].append(3)  # a caller that changes what it got does not change what the next caller gets
+    second = yamlio.load_yaml_file(path)
+    assert second == {"a": {"b": [1, 2]}} and yamlio.line_of(second["a"], "b") == 2
+    assert len(parsed) == 1  # read twice, parsed once
+    path.write_text("a:\n  b: [4]\n")  # an edited file is parsed again
+    assert yamlio.load_yaml_file(path) == {"a": {"b": [4]}} and len(parsed) == 2
