@@ -77,3 +77,29 @@ def test_tf1_bert_rows_name_what_optimization_py_runs():
         amp = row.plan.dtype == "fp16"
         assert row.plan.grad_passes == (TF1_AMP if amp else ("global-norm", "clip")), row.id
         assert (row.plan.grad_dtype, row.plan.compression) == (("fp32", "fp16") if amp else (None, "none")), row.id
+
+
+def test_the_dle_resnet_autocast_rows_cast_their_weights_every_micro_batch():
+    """DeepLearningExamples ConvNets @7bdfc81d training.py:191 enters torch.cuda.amp.autocast once per iteration
+    (micro-batch) only under AMP, and autocast.__exit__ drops its cache of fp16 weight casts: the AMP rows cast
+    the weights in every micro-batch (amp-casts); the TF32 and FP32 rows run no autocast and cast nothing."""
+    rows = [r for r in load_dataset() if r.source == "dle-resnet50"]
+    assert len(rows) == 8
+    for row in rows:
+        assert row.plan.grad_passes == (("amp-casts",) if row.plan.dtype == "fp16" else ()), row.id
+
+
+def test_the_weight_casts_cost_12_bytes_per_parameter_per_resnet_micro_batch():
+    """ResNet-50 AMP, 8 micro-batches of 256 on one A100: fp32 -> fp16 (read 4, write 2) and the gradient back
+    (read 2, write 4) over every parameter, plus one launch, in each micro-batch."""
+    model, hw = load_model("resnet50"), load_hardware("dgx-a100")
+    plan = Plan(devices=1, global_batch=2048, micro_batch=256, dtype="fp16", optimizer="momentum",
+                grad_dtype="fp32")
+
+    def accumulation(p: Plan) -> float:
+        return StepModel(model, hw).predict(p).breakdown_s["compute/grad_accumulation"]
+
+    bw = hw.device.memory_bandwidth * hw.device.eff("memory").peak
+    added = accumulation(replace(plan, grad_passes=("amp-casts",))) - accumulation(plan)
+    expected = 8 * (12 * float(model.total_params) / bw + hw.device.launch_latency)
+    assert added == pytest.approx(expected, rel=1e-9)

@@ -771,7 +771,7 @@ def assert_single_gpu_rows_within(results: list[Result], source: str, hardware: 
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "one A100, DLE PyTorch ResNet-50: AMP +19.9% (TF32 +8.7% since the NCHW<->NHWC transposes of its NCHW run are "
+    "one A100, DLE PyTorch ResNet-50: AMP +19.6% (TF32 +8.7% since the NCHW<->NHWC transposes of its NCHW run are "
     "priced). Convolutions on A100 are priced on the FP16 cuBLASLt GEMM curve (0.83 of peak) for want of an A100 "
     "cuDNN per-shape table. The AMP run's CPU loader (PIL decode + crop/flip, 16 workers at the commit that "
     "published the table) is modelled from microbenchmarks and supplies ~4,000 samples/s, above the 2,470 "

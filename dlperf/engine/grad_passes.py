@@ -3,9 +3,10 @@
 Some training scripts do more to each micro-batch's gradient than add it to the accumulator: NVIDIA
 DeepLearningExamples' TensorFlow 1 BERT (TensorFlow/LanguageModeling/BERT/optimization.py @729963dd,
 create_optimizer with num_accumulation_steps > 1) unscales it, checks it is finite, takes its global norm and
-clips it before every assign_add, and TensorFlow's AMP graph rewrite casts every fp32 weight to fp16 and its
-gradient back in every run. Each pass streams the gradient (or weight) through HBM once per micro-batch, so it
-costs bytes / achieved bandwidth and does not shrink as the GEMMs get faster.
+clips it before every assign_add, and TensorFlow's AMP graph rewrite (and PyTorch's autocast, entered per
+micro-batch) casts every fp32 weight to fp16 and its gradient back in every run. Each pass streams the gradient
+(or weight) through HBM once per micro-batch, so it costs bytes / achieved bandwidth and does not shrink as the
+GEMMs get faster.
 
 Bytes are per parameter, as a function of g (bytes of a gradient element: the plan's grad_dtype, else the
 weight's) and h (bytes of an element in the compute dtype). One launch per pass is charged: a lower bound, since
@@ -37,7 +38,12 @@ GRAD_PASSES: dict[str, GradPass] = {
         "TensorFlow's AMP graph rewrite (tensorflow/core/grappler/optimizers/auto_mixed_precision.cc; MatMul and "
         "BatchMatMul on the WhiteList of auto_mixed_precision_lists.h): the trainable variables stay fp32, so each "
         "run casts every weight read by a MatMul to fp16 (read 4, write h) and the Cast's gradient casts its fp16 "
-        "gradient back to the variable's fp32 (read h, write 4)"),
+        "gradient back to the variable's fp32 (read h, write 4). PyTorch's autocast does the same once per autocast "
+        "region: aten/src/ATen/autocast_mode.cpp cached_cast caches the fp16 cast of an fp32 leaf weight that "
+        "requires grad, and torch/cuda/amp/autocast_mode.py autocast.__exit__ clears that cache when the outermost "
+        "region exits (torch.clear_autocast_cache()), so a script that enters autocast per micro-batch "
+        "(DeepLearningExamples ConvNets image_classification/training.py @7bdfc81d:191) casts every conv and linear "
+        "weight in every micro-batch, and the cast's backward (`to`) returns its gradient in fp32"),
     "unscale": GradPass(
         lambda g, h: 2 * g,
         "tensorflow/python/training/experimental/loss_scale_optimizer.py MixedPrecisionLossScaleOptimizer."
