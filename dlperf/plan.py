@@ -60,7 +60,7 @@ DATA_BACKENDS = ("synthetic", "cpu")
 # How the optimizer step runs (dlperf.engine.optimizer_loop): "fused", one pass over all parameters (apex and
 # Megatron fused optimizers, PyTorch >= 2.0's foreach/fused defaults on GPU); "per-tensor", PyTorch < 2.0's
 # torch.optim for-loop: a few small kernels per parameter tensor, and zero_grad zeroes each gradient.
-OPTIMIZER_IMPLS = ("fused", "per-tensor")
+OPTIMIZER_IMPLS = ("fused", "per-tensor", "tf1-graph")  # tf1-graph: dlperf.engine.tf1_update
 # The cuDNN library Transformer Engine's fused attention runs (plan `cudnn`, e.g. "9.13.1"): a hardware file may
 # measure its fused-attention curve per cuDNN version (`efficiency.attention_fa3.by_cudnn`), and a plan that names
 # its version is priced at the newest one measured at or below it (dlperf.spec.hardware.Device.for_cudnn). None:
@@ -230,9 +230,9 @@ def _check_impls(plan: Plan) -> None:
     """Which implementation runs the optimizer step, ZeRO stage 3 and the data-parallel allreduce: each is priced
     for the plans its code runs."""
     _choice("optimizer_impl", plan.optimizer_impl, OPTIMIZER_IMPLS)
-    if plan.optimizer_impl == "per-tensor" and plan.zero:
+    if plan.optimizer_impl in ("per-tensor", "tf1-graph") and plan.zero:
         # ZeRO updates flat shards of the parameters, not the model's tensors one by one
-        raise PlanError("optimizer_impl per-tensor is torch.optim's loop over whole parameter tensors; ZeRO "
+        raise PlanError(f"optimizer_impl {plan.optimizer_impl} updates whole parameter tensors one by one; ZeRO "
                         "updates flat shards", expected="zero: 0", found=plan.zero)
     _choice("zero_impl", plan.zero_impl, ZERO_IMPLS)
     if plan.zero_impl == "megatron" and plan.zero != 1:

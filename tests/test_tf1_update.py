@@ -1,0 +1,56 @@
+"""The TF1 graph-mode update branch issued after Horovod's allreduce (dlperf.engine.tf1_update)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlperf.engine.optimizer_loop import parameter_tensors
+from dlperf.engine.step import StepModel
+from dlperf.engine.tf1_update import HOST_PER_VARIABLE, branch_host_time
+from dlperf.errors import PlanError
+from dlperf.plan import Plan, validate
+from dlperf.spec.hardware import load_hardware
+from dlperf.spec.model import load_model
+
+BERT = {"seq": 128, "mlm_positions": 20, "tf_dropout": True, "tf_xla": True}
+
+
+def _plan(devices: int, dtype: str, **changes) -> Plan:
+    fields = {"devices": devices, "dp": devices, "global_batch": 65536, "micro_batch": 64, "dtype": dtype,
+              "optimizer": "adam", "overlap": False, "dp_impl": "horovod-0.19" if devices > 1 else "nccl",
+              "optimizer_impl": "tf1-graph"}
+    return Plan(**(fields | changes))
+
+
+def _optimizer_s(plan: Plan) -> float:
+    return StepModel(load_model("bert-large", BERT), load_hardware("a100-40gb")).predict(plan).breakdown_s["optimizer"]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "tf32"])
+def test_after_horovod_the_step_lasts_the_hosts_issuing_time(dtype: str):
+    """A100 host (EPYC 7742, speed 0.683): BERT-large's tensors x the measured per-variable host time, longer than
+    the device's memory-bound update, so the optimizer time is the host's."""
+    hw, model = load_hardware("a100-40gb"), load_model("bert-large", BERT)
+    host = parameter_tensors(model) * HOST_PER_VARIABLE[dtype] / hw.device.host_speed
+    assert branch_host_time(model, hw, _plan(256, dtype), dtype) == pytest.approx(host, rel=1e-12)
+    assert _optimizer_s(_plan(256, dtype)) == pytest.approx(host, rel=1e-12)
+    assert _optimizer_s(_plan(256, dtype, optimizer_impl="fused")) < host
+
+
+def test_without_horovod_the_host_runs_ahead_and_nothing_is_added():
+    assert _optimizer_s(_plan(1, "fp16")) == _optimizer_s(_plan(1, "fp16", optimizer_impl="fused"))
+    assert _optimizer_s(_plan(8, "fp16", dp_impl="nccl")) == _optimizer_s(_plan(8, "fp16", dp_impl="nccl",
+                                                                                optimizer_impl="fused"))
+
+
+def test_the_dle_tf1_bert_rows_run_the_graph_mode_branch():
+    from dlperf.validate import load_dataset
+
+    rows = [r for r in load_dataset() if r.source == "dle-bert-tf1"]
+    assert len(rows) == 21 and all(r.plan.optimizer_impl == "tf1-graph" for r in rows)
+
+
+def test_tf1_graph_with_zero_is_a_one_line_plan_error():
+    with pytest.raises(PlanError, match="flat shards") as info:
+        validate(Plan(devices=8, global_batch=2048, micro_batch=256, optimizer_impl="tf1-graph", zero=1))
+    assert "\n" not in str(info.value)
