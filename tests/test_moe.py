@@ -1086,3 +1086,16 @@ def test_qkv_split_counts_megatron_core():
     assert qkv_split_for_rank(layer, [kern], 1, 2, 1) == [kern]
     view = qkv_split_for_rank(layer, [kern], 1, 2, 2)[0]
     assert (view.cost.fwd_bytes, view.launches) == (2 * 2 * k, 1)
+
+
+def test_router_without_aux_loss_runs_the_fused_top_k_alone():
+    """Megatron-Core's TopKRouter computes the aux-loss scores and applies the loss only when
+    is_aux_loss_enabled() (router.py @2d1fa8d3 lines 264-284, 641-643); GPT-OSS's load-balancing type "none"
+    (Megatron-Bridge gpt_oss_bridge.py @17a381f95 line 71) leaves the fused top-k, one launch each way, and no
+    aux-loss bookkeeping. The default keeps both."""
+    plain, free = _expert_kernels(), _expert_kernels(aux_loss=False)
+    assert "aux_loss" in plain and "aux_loss" not in free
+    assert (plain["topk_gating"].launches, plain["topk_gating"].bwd_launches) == (2, 2)
+    assert (free["topk_gating"].launches, free["topk_gating"].bwd_launches) == (1, 1)
+    model = load_model("gpt-oss-120b")
+    assert all(not layer["aux_loss"] for layer, _ in model.counted() if layer.op == "moe")

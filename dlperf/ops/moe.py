@@ -161,10 +161,24 @@ def _ffn_kernels(prefix: str, rows: Any, d: Any, f: Any, gated: bool, e: int, ex
 # benchmark-only random logits (moe_router_force_load_balancing, 2 forward).
 ROW_ID_MAP = (3, 0)
 AUX_LOSS = (4, 4)
+# A router without a load-balancing loss (`aux_loss: false`) runs neither AUX_LOSS nor the aux-loss scores' kernel:
+# TopKRouter.routing calls compute_routing_scores_for_aux_loss and _apply_aux_loss only under
+# is_aux_loss_enabled(), which is false unless moe_router_load_balancing_type names an aux-loss type with a
+# positive coefficient (megatron/core/transformer/moe/router.py get_aux_loss_coeff / is_aux_loss_enabled /
+# routing: NVIDIA/Megatron-LM @92c8482e lines 248-253 and 527-529, @3758b54b and @23265d2d lines 263-268 and
+# 640-642, @2d1fa8d3 lines 264-284 and 641-643). Megatron-Bridge's GPT-OSS sets that type to "none"
+# (src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py @97ad8cc6f line 75; models/gpt_oss/gpt_oss_bridge.py
+# @0a25f911, @17a381f95, @74695a06d and @381d0b825 line 71): the fused top-k alone, one kernel each way.
+GATING_LAUNCHES = {True: 2, False: 1}  # keyed by aux_loss
 GRAD_ACCUMULATE = (0, 2)
 DISPATCH_COUNTS = {True: (10, 6), False: (2, 1)}  # (host operators, launches) forward, keyed by ep > 1
 CHUNK_SORT = (5, 2)
 PADDED_COUNTS, PADDED_SORT = (1, 1), (3, 3)
+
+
+def gating_launches(layer: Layer) -> int:
+    """Launches of the router's fused top-k each way: with the aux-loss scores' kernel or without (GATING_LAUNCHES)."""
+    return GATING_LAUNCHES[bool(layer["aux_loss"])]
 
 
 def _bookkeeping(layer: Layer, t: Any, e: int, local: Any, ep: bool, dispatcher: str) -> list[Kernel]:
@@ -175,11 +189,12 @@ def _bookkeeping(layer: Layer, t: Any, e: int, local: Any, ep: bool, dispatcher:
     scores, routed = t * n_exp, t * k
     row_map = (1 + 4 + 8 + 4) * scores + 4 * t * (2 * k + 1)  # passes 1-3: bool in, int32 cumsums, dense map
     out = [Kernel("row_id_map", "memory", Cost(fwd_bytes=row_map, depth=clog2(t)),
-                  launches=ROW_ID_MAP[0], bwd_launches=ROW_ID_MAP[1], split=False),
-           Kernel("aux_loss", "memory", Cost(fwd_bytes=(1 + ROUTER_BYTES) * scores,
-                                             bwd_bytes=4 * ROUTER_BYTES * scores, depth=clog2(t), bwd_depth=1),
-                  launches=AUX_LOSS[0], bwd_launches=AUX_LOSS[1], split=False),
-           Kernel("grad_accumulate", "memory", Cost(bwd_bytes=3 * e * t * d + 3 * ROUTER_BYTES * d * n_exp,
+                  launches=ROW_ID_MAP[0], bwd_launches=ROW_ID_MAP[1], split=False)]
+    if layer["aux_loss"]:
+        out.append(Kernel("aux_loss", "memory", Cost(fwd_bytes=(1 + ROUTER_BYTES) * scores,
+                                                     bwd_bytes=4 * ROUTER_BYTES * scores, depth=clog2(t), bwd_depth=1),
+                          launches=AUX_LOSS[0], bwd_launches=AUX_LOSS[1], split=False))
+    out += [Kernel("grad_accumulate", "memory", Cost(bwd_bytes=3 * e * t * d + 3 * ROUTER_BYTES * d * n_exp,
                                                     bwd_depth=1),
                   launches=GRAD_ACCUMULATE[0], bwd_launches=GRAD_ACCUMULATE[1], split=False)]
     if dispatcher != "alltoall":
@@ -293,8 +308,8 @@ def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None,
     gating = Kernel("topk_gating", "transcendental", Cost(
         fwd_flops=(5 + k) * scores, bwd_data_flops=4 * scores,
         fwd_bytes=2 * ROUTER_BYTES * scores + (ROUTER_BYTES + INDEX_BYTES) * routed,
-        bwd_bytes=3 * ROUTER_BYTES * scores, depth=2 * clog2(n_exp) + k, bwd_depth=clog2(n_exp)), launches=2,
-        bwd_launches=2, split=False)
+        bwd_bytes=3 * ROUTER_BYTES * scores, depth=2 * clog2(n_exp) + k, bwd_depth=clog2(n_exp)),
+        launches=gating_launches(layer), bwd_launches=gating_launches(layer), split=False)
     # permute: gather each token's k copies into expert order (read + write k*d per token); its backward is the
     # matching scatter. combine: the k weighted outputs summed per token (2 FLOPs per element of each copy).
     permute = Kernel("permute", "memory", Cost(fwd_bytes=2 * e * routed * d + INDEX_BYTES * routed,
@@ -382,7 +397,8 @@ def _moe_check(shape: tuple, a: dict) -> None:
 MOE = OpRule(
     attrs={"experts": REQUIRED, "top_k": REQUIRED, "ffn": REQUIRED, "shared_experts": 0, "shared_ffn": None,
            "gated": True, "capacity_factor": None, "router_bias": False, "shared_gate": False, "groups": None,
-           "top_groups": None, "probs_in_expert": False, "expert_bias": False, "act_clamp": False},
+           "top_groups": None, "probs_in_expert": False, "expert_bias": False, "act_clamp": False,
+           "aux_loss": True},
     shape=lambda s, a: s,
     params=_moe_params,
     kernels=moe_kernels,

@@ -255,8 +255,10 @@ def gpt_oss(config: dict) -> dict:
         "top_k": _get(config, "num_experts_per_tok"),
         "window": _get(config, "sliding_window"),
     } | causal_flash()
+    # aux_loss False: Megatron-Bridge converts every gpt_oss config with moe_router_load_balancing_type "none"
+    # (models/gpt_oss/gpt_oss_bridge.py @17a381f95 line 71; dlperf/ops/moe.py GATING_LAUNCHES)
     moe = _moe(experts="experts", top_k="top_k", ffn="ffn", router_bias=True, expert_bias=True,
-               act_clamp=_clamped(config))
+               act_clamp=_clamped(config), aux_loss=False)
     blocks = {}
     for kind, window in (("sliding_attention", {"window": "window"}), ("full_attention", {})):
         attention = _attention(bool(config.get("attention_bias", True)))
