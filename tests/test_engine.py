@@ -1,6 +1,7 @@
 """Predictions: invariants of the step-time model, plan validation, and single-device accuracy against
 published measurements (../shared/reference/PUBLISHED_MEASUREMENTS.md)."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -359,3 +360,33 @@ def test_memoised_stage_costs_never_leak_between_plans(name, hardware, base, kno
         engine = StepModel(model, hw)
         engine.predict(base)
         assert engine.predict(plan).step_time_s == predict(model, hw, plan).step_time_s, field
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5, 8.0]), min_size=1, max_size=24), st.integers(1, 8))
+def test_balanced_partition_is_the_first_best_cut_of_the_plain_dynamic_programme(costs, pp):
+    """The vectorised split equals the textbook DP that scans every cut and keeps the first one attaining the
+    minimum (costs on a binary grid, so sums are exact and ties are real ties)."""
+    from dlperf.engine.pipeline import balanced_partition
+
+    pp = min(pp, len(costs))
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    best = [[math.inf] * (n + 1) for _ in range(pp + 1)]
+    cut = [[0] * (n + 1) for _ in range(pp + 1)]
+    best[0][0] = 0.0
+    for k in range(1, pp + 1):
+        for j in range(k, n + 1):
+            for i in range(k - 1, j):
+                slowest = max(best[k - 1][i], prefix[j] - prefix[i])
+                if slowest < best[k][j]:
+                    best[k][j], cut[k][j] = slowest, i
+    expected, j = [], n
+    for k in range(pp, 0, -1):
+        expected.append((cut[k][j], j))
+        j = cut[k][j]
+    split = balanced_partition(costs, pp)
+    assert split == expected[::-1]
+    assert max(prefix[j] - prefix[i] for i, j in split) == best[pp][n]
