@@ -105,10 +105,11 @@ def plan_options(fn: Callable) -> Callable:
                           "default), where each tensor-core convolution pays cuDNN's NCHW <-> NHWC transposes."),
         click.option("--optimizer-impl", type=click.Choice(list(OPTIMIZER_IMPLS)), default="fused",
                      show_default=True,
-                     help="How the optimizer step runs: fused (one pass over all parameters) or per-tensor "
+                     help="How the optimizer step runs: fused (one pass over all parameters), per-tensor "
                           "(PyTorch < 2.0's torch.optim loop: a few kernels per parameter tensor, each paying the "
                           "host; after AMP's GradScaler sync the step waits for the host, dlperf.engine."
-                          "optimizer_loop)."),
+                          "optimizer_loop) or tf1-graph (a TensorFlow 1 graph-mode update branch per variable; "
+                          "after Horovod's allreduce the step waits for the host, dlperf.engine.tf1_update)."),
         click.option("--data-backend", type=click.Choice(["synthetic", "cpu"]), default="synthetic", show_default=True,
                      help="Where samples come from: synthetic (on the device, no cap) or cpu (a DataLoader of "
                           "--loader-workers processes per training process running --input-ops; caps the step "
