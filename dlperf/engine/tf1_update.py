@@ -16,15 +16,17 @@ that consume the reduced gradients are dispatched only after the device has drai
 the host takes to issue the branch (or the device to run it, if longer). On one GPU there is no Horovod and the
 host issues the branch while the device still runs the backward pass.
 
-HOST_PER_VARIABLE: benchmarks/tf1_lamb_host.py builds that branch for BERT-large's 398 variables on one-element
-CPU tensors (TensorFlow 2.21 CPU build in TF1 graph mode with v1 control flow, standing in for the 20.06
-container's TF 1.15 on a GPU: same executor and auto-clustering pass design, not the same build; the CPU device
-runs the clusters' arithmetic on the host where the GPU would launch kernels) with XLA auto-clustering on, and
-printed, on the 2-vCPU Intel Xeon VM of spec/hardware.py's Xeon measurement (one run each, shared machine):
-  fp16 (resource variables, finite check): update branch 2000 executor ops, 29.22 ms
-  tf32 (reference variables):              update branch 2390 executor ops, 36.06 ms
-(without XLA: tf32 11856 ops, 53.35 ms, 4.50 us per op). Per variable, at the reference host (x 0.966, that VM's
-quiet single-thread speed over HOST_REFERENCE, spec/hardware.py); a shared VM only adds time, so these may be high.
+HOST_PER_VARIABLE: benchmarks/tf1_lamb_step.py imports that optimization.py itself and builds it for BERT-large's
+398 variables on tiny tensors under TensorFlow 1.15.5 (the pip build of the 20.06 container's 1.15.2, whose
+NVIDIA patches to the clustering pass are opt-in), with a Horovod stand-in of v0.19.5's ops and XLA auto-clustering
+as run_pretraining.py sets it. XLA compiles all of LAMB's math for all variables into one cluster; what is left to
+the executor is that cluster's launch, the allreduce ops, the fp16 casts (AMP) or the ref-variable Assigns (TF32).
+It printed, per update run over an accumulation run, on the 2-vCPU Intel Xeon VM of spec/hardware.py's Xeon
+measurement: fp16 +12.25 ms, tf32 +11.90 ms in its quiet runs (+23.43 / +28.81 ms when the VM was loaded; load
+only adds time, so the quiet figures are used). Per variable, at the reference host (x 0.966, that VM's quiet
+single-thread speed over HOST_REFERENCE, spec/hardware.py). A GPU host also launches the compiled cluster's
+kernels, which a CPU run cannot show: a lower bound. (A TensorFlow 2.21 stand-in in v1 graph mode printed 29.22 /
+36.06 ms for the same branch; TF 2's executor is not the one that ran, so that figure is not used.)
 """
 
 from __future__ import annotations
@@ -34,11 +36,11 @@ from dlperf.plan import Plan
 from dlperf.spec.hardware import Hardware
 from dlperf.spec.model import Model
 
-VARIABLES_MEASURED = 398  # BERT-large's trainable variables, benchmarks/tf1_lamb_host.py variable_names()
+VARIABLES_MEASURED = 398  # BERT-large's trainable variables, benchmarks/tf1_lamb_step.py bert_large_variables()
 XEON_VM_SPEED = 0.966     # spec/hardware.py: the Xeon VM's single-thread speed over HOST_REFERENCE
-HOST_PER_VARIABLE = {     # host seconds per variable at the reference host, benchmarks/tf1_lamb_host.py with XLA
-    "fp16": 29.22e-3 / VARIABLES_MEASURED * XEON_VM_SPEED,
-    "tf32": 36.06e-3 / VARIABLES_MEASURED * XEON_VM_SPEED,
+HOST_PER_VARIABLE = {     # host seconds per variable at the reference host, benchmarks/tf1_lamb_step.py --xla
+    "fp16": 12.25e-3 / VARIABLES_MEASURED * XEON_VM_SPEED,
+    "tf32": 11.90e-3 / VARIABLES_MEASURED * XEON_VM_SPEED,
 }
 
 
