@@ -66,6 +66,13 @@ OPTIMIZER_IMPLS = ("fused", "per-tensor", "tf1-graph")  # tf1-graph: dlperf.engi
 # its version is priced at the newest one measured at or below it (dlperf.spec.hardware.Device.for_cudnn). None:
 # the file's default curve. major.minor.patch, optionally .build as NVIDIA's release notes write it (9.13.1.26).
 CUDNN_VERSION = re.compile(r"(0|[1-9][0-9]{0,3})(\.(0|[1-9][0-9]{0,3})){2,3}")
+# Which modules run as CUDA graphs (plan `cuda_graphs`), Megatron-Core's cuda_graph_scope names (CudaGraphScope in
+# megatron/core/transformer/enums.py, NVIDIA/Megatron-LM @3758b54b:61-71): "attn", a layer's input norm and attention
+# block; "mlp", a dense layer's pre-MLP norm and MLP; "moe", a MoE layer whole (drop-and-pad layers only);
+# "moe_router", a MoE layer's pre-MLP norm and router; "moe_preprocess", the dispatcher's preprocessing (requires
+# moe_router); "full_iteration", Megatron-Core's whole forward-backward (cuda_graph_impl local). Empty: eager.
+# dlperf.engine.cuda_graphs prices them.
+CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
 MAX_LOADER_WORKERS = 1024  # per training process; more is a typo (a node has a few hundred cores)
 # Default load imbalance of dropless expert routing: the busiest expert-parallel rank gets this many times the
 # mean number of routed tokens. Source: Switch Transformer (Fedus et al. 2022, JMLR 23, Sec. 2.2 and Table 1),
@@ -124,6 +131,7 @@ class Plan:
     offload_layers: int = 0              # blocks whose saved activations go to host memory (dlperf.engine.offload)
     optimizer_impl: str = "fused"        # how the optimizer step runs (OPTIMIZER_IMPLS)
     cudnn: str | None = None             # cuDNN version fused attention runs (CUDNN_VERSION); None: the file's default
+    cuda_graphs: tuple[str, ...] = ()    # modules captured as CUDA graphs (CUDA_GRAPH_SCOPES); empty: eager
 
     @property
     def data_parallel(self) -> int:
@@ -210,6 +218,7 @@ def _check_knobs(plan: Plan) -> None:
     _check_offload(plan)
     _check_input(plan)
     _check_grad_passes(plan)
+    _check_cuda_graphs(plan.cuda_graphs)
     value = plan.moe_imbalance
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or not 1 <= value <= 1000):  # also refuses NaN and infinity
@@ -327,6 +336,22 @@ def _check_grad_passes(plan: Plan) -> None:
     from dlperf.engine.grad_passes import GRAD_PASSES
 
     _check_names("grad_passes", plan.grad_passes, GRAD_PASSES)
+
+
+def _check_cuda_graphs(scopes: Any) -> None:
+    """Scope names Megatron-Core accepts together (megatron/core/transformer/enums.py @3758b54b:61-71): distinct
+    names of CUDA_GRAPH_SCOPES; moe_preprocess only with moe_router; full_iteration alone (the local
+    implementation's whole-iteration graph); moe (the whole MoE layer) not beside its own router part."""
+    _check_names("cuda_graphs", scopes, CUDA_GRAPH_SCOPES)
+    if "moe_preprocess" in scopes and "moe_router" not in scopes:
+        raise PlanError("cuda_graphs moe_preprocess captures the dispatcher after the router: it needs moe_router",
+                        expected="moe_router,moe_preprocess", found=",".join(scopes))
+    if "full_iteration" in scopes and len(scopes) > 1:
+        raise PlanError("cuda_graphs full_iteration captures the whole iteration: it takes no other scope",
+                        expected="full_iteration alone", found=",".join(scopes))
+    if "moe" in scopes and "moe_router" in scopes:
+        raise PlanError("cuda_graphs moe captures the whole MoE layer, its router included",
+                        expected="moe or moe_router", found=",".join(scopes))
 
 
 def _check_names(field: str, names: Any, known: Any) -> None:

@@ -105,6 +105,9 @@ def test_help_lists_commands():
     (("predict", "gpt", "dgx-a100", "--gpus", "8", "--hybrid-fc"), "needs a convolutional body"),
     (("predict", "gpt", "dgx-a100", "--gpus", "8", "--pp", "2", "--p2p-overlap"), "needs --schedule interleaved"),
     (("predict", "gpt", "dgx-a100", "--gpus", "8", "--zero", "2", "--zero-impl", "megatron"), "expected zero: 1"),
+    (("predict", "gpt", "dgx-a100", "--cuda-graphs", "attn,bogus"), "expected distinct names among attn"),
+    (("predict", "gpt", "dgx-a100", "--cuda-graphs", "moe_preprocess"), "it needs moe_router"),
+    (("predict", "gpt", "dgx-a100", "--cuda-graphs", "full_iteration,attn"), "full_iteration alone"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message):
     import subprocess

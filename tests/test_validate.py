@@ -961,15 +961,15 @@ def test_megatron_bridge_gpt_oss_rows_within_20_percent(results):
     "-7..+7%. MXFP8: 8B B200 +3%, GB200 +15/+16%, GB300 +3%; 70B GB200 +5..+12%; 405B B200 +4%, GB300 -1..+3%. "
     "NVFP4: 70B GB200 +3..+12%, GB300 -5..+17%; 405B -15..-6%. GEMMs: B200's power-limited BF16 fit and XLA FP8 "
     "fit, GB200/GB300 as B200's times aiconfigurator's same-software ratios; fused attention at each release's "
-    "cuDNN; MXFP8 GEMMs on the FP8 curve (no same-run MXFP8/FP8 cuBLAS table is public); CUDA graphs (the 8B "
-    "recipes) are not modelled; nothing is fitted to these rows"))
+    "cuDNN; MXFP8 GEMMs on the FP8 curve (no same-run MXFP8/FP8 cuBLAS table is public); the 8B recipes' CUDA "
+    "graphs (plan cuda_graphs) leave these device-bound rows unchanged; nothing is fitted to these rows"))
 def test_megatron_bridge_blackwell_llama3_fp8_rows_within_20_percent(results):
     chosen = _blackwell_llama3(results)
     assert max(abs(r.error_pct) for r in chosen) <= ISSUE14_FP8_MOE_TOLERANCE_PCT
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "Megatron-Bridge MoE rows other than DeepSeek-V3 on H100 (90 rows, MAE 17.1%). The 69 HybridEP rows: MAE 7.8% "
+    "Megatron-Bridge MoE rows other than DeepSeek-V3 on H100 (90 rows, MAE 17.4%). The 69 HybridEP rows: MAE 8.2% "
     "(DeepSeek-V3 -5..+11%, Qwen3-235B -13..+16%, Qwen3-30B +1..+30%, H100 +20/+22%). The 21 all-to-all / DeepEP "
     "rows: MAE 47.8%, -23..+168%: Qwen3-30B H100 dropless with EP overlap +168% (25.11, all-to-all), +139% (26.02, "
     "DeepEP as Megatron-Bridge v0.3.0 sets it), +27% (26.02.01: the same table layout measured 1.8x faster; v0.3.1's "
@@ -982,7 +982,9 @@ def test_megatron_bridge_blackwell_llama3_fp8_rows_within_20_percent(results):
     "all-to-alls and host sync, DeepEP's layout kernel, Megatron-Core's router, aux-loss and permutation operators, "
     "fused RoPE and the QKV split copies. Qwen3-30B on 8 B200, 26.02 (all-to-all, MBS 1, CUDA graphs on router and "
     "preprocess) against 26.02.01 (HybridEP, MBS 4, attention graphed too): ~7.5 ms more per layer and micro-batch "
-    "that no published host or per-component figure explains; CUDA graphs are not modelled; nothing is fitted"))
+    "that no published host or per-component figure explains. CUDA graphs as each recipe sets them (plan "
+    "cuda_graphs) remove host cost only: the full-iteration Qwen3-235B GB200 rows (26.06+) moved +4..+6% -> "
+    "+13..+15%, the others are device-bound in dlperf and did not move; nothing is fitted"))
 def test_megatron_bridge_new_moe_rows_within_20_percent(results):
     chosen = _new_moe(results)
     assert max(abs(r.error_pct) for r in chosen) <= ISSUE14_FP8_MOE_TOLERANCE_PCT

@@ -103,6 +103,10 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--memory-format", type=click.Choice(["nhwc", "nchw"]), default="nhwc", show_default=True,
                      help="Activation layout of convolutions: nhwc (PyTorch channels_last) or nchw (PyTorch's "
                           "default), where each tensor-core convolution pays cuDNN's NCHW <-> NHWC transposes."),
+        click.option("--cuda-graphs", default="", metavar="SCOPE[,SCOPE]",
+                     help="Comma-separated modules captured as CUDA graphs, Megatron-Core's cuda_graph_scope names: "
+                          "attn, mlp, moe, moe_router, moe_preprocess, full_iteration. Their kernels cost the host "
+                          "nothing; each replay one dispatch (dlperf.engine.cuda_graphs). Default: eager."),
         click.option("--optimizer-impl", type=click.Choice(list(OPTIMIZER_IMPLS)), default="fused",
                      show_default=True,
                      help="How the optimizer step runs: fused (one pass over all parameters), per-tensor "
@@ -208,6 +212,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         data_backend=opts.get("data_backend") or "synthetic", loader_workers=opts.get("loader_workers") or 0,
         input_ops=_names(opts.get("input_ops")), grad_passes=_names(opts.get("grad_passes")),
         offload_layers=opts.get("offload_layers") or 0, optimizer_impl=opts.get("optimizer_impl") or "fused",
+        cuda_graphs=_names(opts.get("cuda_graphs")),
     )
     if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
         from dlperf.engine.defaults import default_plan
@@ -227,8 +232,8 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
 
 
 def _names(text: str | None) -> tuple[str, ...]:
-    """A comma-separated CLI list (--recompute-modules, --input-ops, --grad-passes) as a tuple of its non-empty
-    names."""
+    """A comma-separated CLI list (--recompute-modules, --input-ops, --grad-passes, --cuda-graphs) as a tuple of
+    its non-empty names."""
     return tuple(name.strip() for name in (text or "").split(",") if name.strip())
 
 

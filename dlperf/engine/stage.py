@@ -17,6 +17,7 @@ from dlperf.engine.context import (
     ep_exchange,
     expert_load,
 )
+from dlperf.engine.cuda_graphs import Graphs, eager_share, replays, sublayer_share, use_share
 from dlperf.engine.device import dispatch_times, kernel_times
 from dlperf.engine.layers import Use
 from dlperf.engine.overlap import exposed
@@ -181,17 +182,20 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
                recompute: str, comm_time: Any, fp8: frozenset = frozenset(), tp_overlap: bool = False,
                par: Parallel | None = None, memo: dict | None = None,
                acts: ActivationPolicy | None = None, nchw: bool = False, scaling: str = "delayed",
-               swizzle: str = "quantize") -> StageCost:
+               swizzle: str = "quantize", graphs: Graphs | None = None) -> StageCost:
     """Sum the layers' kernels at micro-batch `batch`; `comm_time(op, nbytes)` prices tp collectives. Under
     dtype fp8, the layers in `fp8` run their weight GEMMs in FP8 (dlperf.ops.fp8); with `tp_overlap` each
     layer's tp collectives hide behind its GEMMs (dlperf.engine.overlap); `par` adds expert and context
     parallelism (None: neither); `memo` keeps kernel times across calls on the same hardware (search prices the
     same kernels for thousands of plans); `acts` recomputes parts of layers and caches activations in FP8
     (dlperf.ops.recompute; None: neither); `nchw` keeps activations NCHW; `scaling` and `swizzle` are the fp8 and
-    mxfp8 recipes' (use_kernels)."""
+    mxfp8 recipes' (use_kernels); `graphs` the modules captured as CUDA graphs, whose kernels and collectives cost
+    the host nothing and whose replays one dispatch each (dlperf.engine.cuda_graphs; None: eager)."""
     out = StageCost()
     par = par or Parallel()
     acts = acts or ActivationPolicy()
+    graphs = graphs or Graphs()
+    sublayers = sublayer_share(graphs, uses) if graphs.scopes else 0.0
     for use in uses:
         divisor = tp if (use.sharded or sp) else 1
         in_fp8 = is_recipe(dtype) and use.layer in fp8
@@ -205,6 +209,9 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
             kernel = _cp_kernel(kernel, _cp_split(use, kernel, par))
             fwd, bwd, host_fwd, host_bwd = _kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split,
                                                          use.tp_dim, memo)
+            if graphs.scopes:
+                eager = eager_share(graphs, use, kernel, par.ep_dispatcher, sublayers)
+                host_fwd, host_bwd = host_fwd * eager, host_bwd * eager
             load = expert_load(use.layer, par) if kernel.expert else 1
             if load != 1:
                 fwd, bwd = fwd * load, bwd * load
@@ -223,11 +230,12 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
             key = f"{use.layer.op}"
             out.per_type[key] = out.per_type.get(key, 0.0) + use.count * (fwd + bwd)
         held = out.params  # what the layer adds to the device's parameters: its own, less the experts ep moves off
+        collectives = _eager_collectives(graphs, use, sublayers)
         if par.active:
-            _add_ep_cp(out, use, batch, e, tp, recompute, par, core, hw.device)
+            _add_ep_cp(out, use, batch, e, tp, recompute, par, core, hw.device, 0.0 if graphs.full else 1.0)
         if tp > 1:
             _add_tp_comm(out, use, batch / par.cp, e, tp, recompute, comm_time, gemm if tp_overlap else None,
-                         hw.device)
+                         hw.device, collectives)
         out.params = out.params + use.count * use.layer.params / (tp if use.sharded else 1)
         if in_fp8:
             out.fp8_params = out.fp8_params + (out.params - held)
@@ -247,7 +255,17 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
             out.saved_blocks = out.saved_blocks + saved
         if recompute in FULL and not _full_rerun(recompute, use):
             out.saved_outside = out.saved_outside + saved
+    if graphs.scopes:
+        fwd_replays, bwd_replays = replays(graphs, uses)
+        out.host_fwd = out.host_fwd + fwd_replays * hw.device.dispatch_forward
+        out.host_bwd = out.host_bwd + bwd_replays * hw.device.dispatch_backward
     return out
+
+
+def _eager_collectives(graphs: Graphs, use: Use, sublayers: Any) -> Any:
+    """The share of a use's tensor-parallel collectives the host still issues: those of a captured attention or
+    dense MLP are in its graph (NCCL kernels are captured with the layer's)."""
+    return 1.0 - use_share(graphs, use, sublayers)
 
 
 def _weight_share(kernel: Kernel) -> Any:
@@ -290,10 +308,11 @@ def _kernel_times(kernel: Kernel, device: Device, dtype: str, split: Any, tp_dim
 
 
 def _add_tp_comm(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute: str, comm_time: Any,
-                 gemm: dict[str, Any] | None, device: Device) -> None:
+                 gemm: dict[str, Any] | None, device: Device, eager: Any = 1.0) -> None:
     """A layer's tensor-parallel collectives per pass: on the critical path, or with `gemm` (its GEMM seconds
     per pass) overlapped with them, leaving the exposed part and the GEMMs' slowdown (dlperf.engine.overlap).
-    Issuing each collective is one more op for the host (c10d call, stream sync, launch)."""
+    Issuing each collective is one more op for the host (c10d call, stream sync, launch), for the `eager` share of
+    the layer's occurrences not captured in a CUDA graph."""
     for phase in ("fwd", "bwd"):
         parts = [(op, comm_time(op, e * batch * n)) for p, op, n in use.comm if p == phase and not mathx.is_zero(n)]
         if not parts:
@@ -301,7 +320,8 @@ def _add_tp_comm(out: StageCost, use: Use, batch: Any, e: int, tp: int, recomput
         comm, slowdown = (sum(t for _, t in parts), 0.0) if gemm is None else exposed(parts, gemm[phase], phase, tp,
                                                                                      device.sms)
         comm, slowdown = use.count * comm, use.count * slowdown
-        host = use.count * len(parts) * (device.dispatch_forward if phase == "fwd" else device.dispatch_backward)
+        dispatch = device.dispatch_forward if phase == "fwd" else device.dispatch_backward
+        host = eager * use.count * len(parts) * dispatch
         if phase == "fwd":
             out.tp_comm_fwd, out.forward, out.host_fwd = out.tp_comm_fwd + comm, out.forward + slowdown, \
                 out.host_fwd + host
@@ -336,10 +356,11 @@ def _cp_split(use: Use, kernel: Kernel, par: Parallel) -> Any:
 
 
 def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute: str, par: Parallel,
-               core: list[Any], device: Device) -> None:
+               core: list[Any], device: Device, eager: Any = 1.0) -> None:
     """Expert all-to-alls of a MoE layer and the context-parallel exchange of an attention layer; with ep > 1
     the routed experts' parameters are sharded ep ways on top of tp. Issuing each collective of the all-to-all
-    dispatcher is one more op for the host, as a tensor-parallel one (context.ep_collectives)."""
+    dispatcher is one more op for the host, as a tensor-parallel one (context.ep_collectives), for the `eager` share
+    not captured in a CUDA graph (all of them but under full_iteration)."""
     layer, count = use.layer, use.count
     ep = cp = 0.0  # the forward exchanges, which full recomputation reruns
     host = 0.0
@@ -350,9 +371,9 @@ def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute:
         out.ep_comm_fwd = out.ep_comm_fwd + count * ep
         out.ep_comm_bwd = out.ep_comm_bwd + count * (exchange + extra_bwd)
         fwd_ops, bwd_ops = ep_collectives(layer, par)
-        host = count * fwd_ops * device.dispatch_forward
+        host = eager * count * fwd_ops * device.dispatch_forward
         out.host_fwd = out.host_fwd + host
-        out.host_bwd = out.host_bwd + count * bwd_ops * device.dispatch_backward
+        out.host_bwd = out.host_bwd + eager * count * bwd_ops * device.dispatch_backward
         experts = OPS[layer.op].expert_params(layer) / (tp if use.sharded else 1)
         out.params = out.params - count * experts * (1 - 1 / par.ep)
         out.expert_params = out.expert_params + count * experts / par.ep

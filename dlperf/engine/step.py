@@ -17,6 +17,7 @@ from dlperf.comm import ep_kernels
 from dlperf.engine import horovod, offload, zero_impl
 from dlperf.engine import memory as mem
 from dlperf.engine.context import DISPATCHER_SMS, Parallel
+from dlperf.engine.cuda_graphs import Graphs
 from dlperf.engine.device import sync_gap
 from dlperf.engine.grad_passes import grad_pass_time
 from dlperf.engine.input import input_note, input_wait
@@ -232,7 +233,7 @@ class StepModel:
                                          plan.sequence_parallel, plan.recompute, self._tp_comm(plan.tp),
                                          self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan),
                                          self._kernel_times, self._policy(plan), plan.memory_format == "nchw",
-                                         plan.fp8_scaling, plan.mx_swizzle)
+                                         plan.fp8_scaling, plan.mx_swizzle, _graphs(plan))
         return self._cost[key]
 
     def _policy(self, plan: Plan) -> ActivationPolicy | None:
@@ -1126,7 +1127,19 @@ def _stage_cost_key(plan: Plan, dtype: str) -> tuple:
     """What stage_cost reads of a plan: every memo of stage costs (StepModel.stages, _cost_of, _summed_cost) keys
     on this one tuple, so that a field the kernels come to depend on is added once for all of them."""
     return (plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap, plan.memory_format,
-            plan.fp8_scaling, plan.mx_swizzle, plan.cudnn, *_ep_cp_key(plan), *_acts_key(plan))
+            plan.fp8_scaling, plan.mx_swizzle, plan.cudnn, *_ep_cp_key(plan), *_acts_key(plan), *_graphs_key(plan))
+
+
+def _graphs_key(plan: Plan) -> tuple:
+    graphs = _graphs(plan)
+    return () if graphs is None else (graphs,)
+
+
+def _graphs(plan: Plan) -> Graphs | None:
+    """The plan's CUDA-graphed scopes for stage_cost (None: eager); full_iteration replays once per step."""
+    if not plan.cuda_graphs:
+        return None
+    return Graphs(plan.cuda_graphs, plan.micro_batches if "full_iteration" in plan.cuda_graphs else 1)
 
 
 def _ep_cp_key(plan: Plan) -> tuple:
