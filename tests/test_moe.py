@@ -57,6 +57,75 @@ def test_deepseek_v3_parameters():
     assert 36.5e9 < activated_params(model) - 129280 * 7168 < 37.5e9  # "37B" without the input embedding
 
 
+DSV3_EMBEDDING = 129280 * 7168  # vocab_size x hidden_size (deepseek-ai/DeepSeek-V3 config.json)
+
+
+def test_deepseek_v3_mtp_parameters():
+    """mtp_layers 1 adds DeepSeek-V3's MTP module (arXiv:2412.19437 Sec. 2.2, D = 1): 2 RMSNorms, the 2h -> h
+    projection and one MLA + MoE layer; the embedding and output head are shared. README_WEIGHTS.md
+    (deepseek-ai/DeepSeek-V3): "11.5B unique parameters (excluding the shared 0.9B Embedding and 0.9B output
+    Head)"; README.md: "685B, which includes 671B of the Main Model weights and 14B of the Multi-Token Prediction
+    (MTP) Module weights": the checkpoint stores its own copies of the shared embedding and head (layers.61
+    embed_tokens and shared_head.head), which training counts once."""
+    base, mtp = load_model("deepseek-v3"), load_model("deepseek-v3", {"mtp_layers": 1})
+    unique = mtp.total_params - base.total_params
+    assert unique == 11_610_068_224
+    mla, moe = (next(layer.params for layer, _ in base.counted() if layer.op == op) for op in ("mla", "moe"))
+    decoder_layer = 7168 + mla + 7168 + moe  # one of the 58 MoE decoder layers: 2 RMSNorms, MLA, MoE
+    assert unique == 2 * 7168 + 2 * 7168 * 7168 + decoder_layer + 7168  # enorm, hnorm, eh_proj, layer, final norm
+    assert 11.5e9 <= unique < 11.7e9  # "11.5B", to the 0.1B the README gives
+    checkpoint = mtp.total_params + 2 * DSV3_EMBEDDING
+    assert checkpoint == pytest.approx(685e9, rel=1e-3)  # "685B"
+    assert checkpoint - base.total_params == pytest.approx(14e9, rel=0.05)  # "14B" (13.46B)
+    assert load_model("deepseek-v3", {"mtp_layers": 2}).total_params == base.total_params + 2 * unique
+
+
+def test_deepseek_v3_mtp_zero_is_the_main_model():
+    """mtp_layers 0 (the default) builds the very tree the file builds without the MTP entry, so every
+    prediction of the built-in stays exactly as it was."""
+    import yaml
+
+    from dlperf import builtins
+
+    path = builtins.resolve("deepseek-v3", "models")
+    doc = yaml.safe_load(path.read_text())
+    doc["layers"] = [entry for entry in doc["layers"] if entry.get("name") != "mtp"]
+    without = model_from_dict(doc, str(path), {})
+    assert load_model("deepseek-v3").root == without.root
+    assert load_model("deepseek-v3", {"mtp_layers": 0}).root == without.root
+
+
+def test_deepseek_v3_mtp_flops():
+    """One MTP depth's work is one MoE decoder layer, the 2h -> h projection, and the head and loss once more
+    over seq rows; what remains (3 RMSNorms, the shared-embedding gather and two concats) is memory-bound."""
+    base, mtp = load_model("deepseek-v3"), load_model("deepseek-v3", {"mtp_layers": 1})
+    seq, hidden = 4096, 7168
+
+    def named(model, name):
+        return sum(count * k.cost.work for layer, count in model.counted() if layer.name == name
+                   for k in OPS[layer.op].kernels(layer, 1, 2))
+
+    def work(model, op):
+        return sum(count * k.cost.work for layer, count in model.counted() if layer.op == op
+                   for k in OPS[layer.op].kernels(layer, 1, 2))
+
+    norm = next(k.cost.work for layer, _ in base.counted() if layer.op == "rmsnorm"
+                and layer.in_shape == (seq, hidden) for k in OPS["rmsnorm"].kernels(layer, 1, 2))
+    residual_add = next(k.cost.work for layer, _ in base.counted() if layer.op == "add"
+                        for k in OPS["add"].kernels(layer, 1, 2))
+    per_moe_layer = work(base, "mla") / 61 + work(base, "moe") / 58 + 2 * norm + 2 * residual_add
+    head, loss = named(base, "lm_head"), sum(count * k.cost.work for layer, count in base.counted()
+                                             if layer.op == "cross_entropy" for k in OPS[layer.op].kernels(layer, 1, 2))
+    projection = 3 * 2 * seq * (2 * hidden) * hidden  # forward, backward data, backward weight
+    assert named(mtp, "eh_proj") == projection
+    diff = _flops(mtp) - _flops(base)
+    rest = sum(count * k.cost.work for layer, count in mtp.counted()
+               if layer.name in ("enorm", "hnorm", "mtp_final_norm", "mtp_embed", "branches.concat")
+               for k in OPS[layer.op].kernels(layer, 1, 2))
+    assert diff - rest == pytest.approx(per_moe_layer + projection + head + loss, rel=1e-9)
+    assert 0 < rest < 1e-3 * diff
+
+
 @pytest.mark.parametrize(("folder", "total", "activated"), [
     ("mixtral-8x7b-v0.1", 46_702_792_704, 12.9e9),
     ("deepseek-v3", 671_026_419_200, 37.6e9),

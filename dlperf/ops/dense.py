@@ -94,8 +94,14 @@ LINEAR = OpRule(
 # ---- embedding ------------------------------------------------------------------------------------------
 
 
+def _embedding_positions(shape: tuple, a: dict) -> tuple:
+    """The per-sample positions looked up: the token ids [seq]; a `tied` lookup sits on the running [seq, d]
+    activation and looks up the sample's (shifted) token ids at its positions, so d is not a position."""
+    return tuple(shape[:-1]) if a["tied"] else tuple(shape)
+
+
 def _embedding_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
-    tokens = batch * numel(layer.in_shape)
+    tokens = batch * numel(_embedding_positions(layer.in_shape, dict(layer.attrs)))
     n = tokens * layer["dim"]
     # A gather: read one row per token, write it. Backward scatter-adds the rows into the table gradient.
     return (Kernel("gather", "memory", Cost(
@@ -103,12 +109,25 @@ def _embedding_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
     )),)
 
 
+def _embedding_check(shape: tuple, a: dict) -> None:
+    from dlperf.errors import ShapeError
+
+    if a["tied"] and len(shape) < 2:
+        raise ShapeError("a tied embedding sits on a [seq, d] activation", expected="rank 2 or more",
+                         found=list(shape))
+
+
+# `tied`: a second lookup in the table of the model's input embedding, which owns the parameters. DeepSeek-V3's
+# multi-token prediction embeds the shifted tokens with the shared embedding (arXiv:2412.19437 Sec. 2.2: "the
+# embedding layer ... shared with the main model"; Megatron-Core's MTP layer calls the GPT model's embedding on
+# the rolled input ids, megatron/core/transformer/multi_token_prediction.py @3758b54b _get_embeddings :850-893).
 EMBEDDING = OpRule(
-    attrs={"vocab": REQUIRED, "dim": REQUIRED},
-    shape=lambda s, a: (*s, a["dim"]),
-    params=lambda s, a: a["vocab"] * a["dim"],
+    attrs={"vocab": REQUIRED, "dim": REQUIRED, "tied": False},
+    check=_embedding_check,
+    shape=lambda s, a: (*_embedding_positions(s, a), a["dim"]),
+    params=lambda s, a: 0 if a["tied"] else a["vocab"] * a["dim"],
     kernels=_embedding_kernels,
-    saved=lambda layer, e: 8 * numel(layer.in_shape),  # int64 token ids
+    saved=lambda layer, e: 8 * numel(_embedding_positions(layer.in_shape, dict(layer.attrs))),  # int64 token ids
     tp="vocab",
 )
 

@@ -233,8 +233,9 @@ def _params(node: Any, overrides: dict[str, Any], file: str) -> dict[str, Any]:
         if isinstance(node[name], bool):  # a switch (e.g. flash) takes true/false, never a count
             if not isinstance(value, bool):
                 raise SpecError(f"--set {name}", expected="true or false", found=value, file=file)
-        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SpecError(f"--set {name}", expected="a positive integer", found=value, file=file)
+        elif isinstance(value, bool) or not isinstance(value, int) or value < _least(node[name]):
+            raise SpecError(f"--set {name}", expected="a positive integer" if _least(node[name]) else
+                            "a whole number >= 0", found=value, file=file)
     env: dict[str, Any] = {}
     for name, raw in node.items():
         if not isinstance(name, str) or not name.isidentifier() or not name.isascii():
@@ -242,11 +243,17 @@ def _params(node: Any, overrides: dict[str, Any], file: str) -> dict[str, Any]:
             raise SpecError(expected="an ASCII identifier", found=name, file=file, line=line_of(node, name),
                             field="params")
         value = overrides.get(name, raw)
-        env[name] = _param_value(name, value, env, file, line_of(node, name))
+        env[name] = _param_value(name, value, env, file, line_of(node, name), _least(raw))
     return env
 
 
-def _param_value(name: str, value: Any, env: dict[str, Any], file: str, line: int | None) -> Any:
+def _least(default: Any) -> int:
+    """The smallest value a param takes: 0 for one whose file default is 0, an optional part's count that
+    `repeat:` expressions of it switch off (deepseek-v3's mtp_layers); 1 for every other count."""
+    return 0 if default == 0 and not isinstance(default, bool) else 1
+
+
+def _param_value(name: str, value: Any, env: dict[str, Any], file: str, line: int | None, least: int = 1) -> Any:
     if value is None:
         import sympy
 
@@ -255,8 +262,9 @@ def _param_value(name: str, value: Any, env: dict[str, Any], file: str, line: in
         result = _evaluate(value, env)
     except DlperfError as err:
         raise err.located(file=file, line=line, field=f"params.{name}") from None
-    if isinstance(result, int) and not isinstance(result, bool) and result < 1:
-        raise SpecError(expected="a positive integer", found=value, file=file, line=line, field=f"params.{name}")
+    if isinstance(result, int) and not isinstance(result, bool) and result < least:
+        raise SpecError(expected="a positive integer" if least else "a whole number >= 0", found=value, file=file,
+                        line=line, field=f"params.{name}")
     return result
 
 
@@ -310,6 +318,8 @@ def _sequence(node: Any, shape: tuple, env: dict, ctx: _Ctx, where: str, line: i
             # still one located line, never a traceback
             raise SpecError(f"cannot build this layer ({type(err).__name__}: {err})", file=ctx.file,
                             line=item_line, field=item_where) from None
+        if isinstance(item, Seq) and not item.items:  # a `repeat:` expression of 0 builds nothing
+            continue
         shape = out_shape(item, shape)
         items.append(item)
     return Seq(tuple(items))
@@ -329,12 +339,17 @@ def _entry(entry: Any, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int
         return _branches(paths, "add", shape, env, ctx, where, line, entry.get("name", "residual"),
                          identity=len(paths) == 1, merge_attrs=(("fused", True),) if fused else ())
     if "branches" in entry:
-        check_keys(entry, ("branches", "merge", "name"), ctx.file, where, required=("merge",))
+        check_keys(entry, ("branches", "merge", "name", "axis"), ctx.file, where, required=("merge",))
         paths = entry["branches"]
         if not isinstance(paths, list) or not paths:
             raise SpecError(expected="a list of layer lists", found=paths, file=ctx.file, line=line,
                             field=f"{where}.branches")
-        return _branches(paths, entry["merge"], shape, env, ctx, where, line, entry.get("name", "branches"))
+        axis = entry.get("axis")
+        if axis not in (None, 0, -1) or (axis is not None and entry["merge"] != "concat"):
+            raise SpecError(expected="axis: 0 or -1, on a concat merge", found=axis, file=ctx.file,
+                            line=line_of(entry, "axis") or line, field=f"{where}.axis")
+        return _branches(paths, entry["merge"], shape, env, ctx, where, line, entry.get("name", "branches"),
+                         axis=axis)
     if "op" not in entry:
         raise SpecError("a layer needs `op`, `block`, `residual` or `branches`", file=ctx.file, line=line,
                         field=where, expected="one of op, block, residual, branches", found=sorted(entry))
@@ -342,9 +357,13 @@ def _entry(entry: Any, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int
 
 
 def _repeat(entry: dict, env: dict, ctx: _Ctx, where: str, line: int | None) -> int:
-    value = _evaluate(entry.get("repeat", 1), env)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPEAT:
-        raise SpecError(expected=f"a repeat count from 1 to {MAX_REPEAT}", found=entry.get("repeat"), file=ctx.file,
+    """The entry's repeat count: 1 to MAX_REPEAT, or 0 from an expression (`repeat: min(mtp_layers, 1)`): the
+    entry is then left out, as an optional part a param switches off. A literal 0 stays an error."""
+    raw = entry.get("repeat", 1)
+    value = _evaluate(raw, env)
+    least = 0 if isinstance(raw, str) else 1
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_REPEAT:
+        raise SpecError(expected=f"a repeat count from {least} to {MAX_REPEAT}", found=raw, file=ctx.file,
                         line=line_of(entry, "repeat") or line, field=f"{where}.repeat")
     return value
 
@@ -370,6 +389,8 @@ def _block_call(entry: dict, shape: tuple, env: dict, ctx: _Ctx, where: str, lin
         raw = given.get(arg, default)
         local[arg] = _evaluate(raw, {**env, **{k: v for k, v in local.items() if k in defaults}})
     repeat = _repeat(entry, env, ctx, where, line)
+    if repeat == 0:  # left out, never built: a block that calls itself ends here (deepseek-v3's mtp_depths)
+        return Seq((), 1, str(entry.get("name", name)))
     inner = _sequence(block["layers"], shape, local, _Ctx(ctx.file, ctx.blocks, ctx.depth + 1, ctx.built),
                       f"blocks.{name}.layers", line_of(block, "layers"))
     _check_repeatable(inner, shape, repeat, where)
@@ -383,15 +404,29 @@ def _check_repeatable(seq: Seq, shape: tuple, repeat: int, where: str) -> None:
 
 
 def _branches(paths: list, merge: Any, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int | None,
-              name: str, identity: bool = False, merge_attrs: tuple = ()) -> Branches:
+              name: str, identity: bool = False, merge_attrs: tuple = (), axis: int | None = None) -> Branches:
     if not isinstance(merge, str) or merge not in MERGE_OPS:
         raise SpecError(expected="merge: " + " | ".join(MERGE_OPS), found=merge, file=ctx.file, line=line,
                         field=f"{where}.merge")
-    seqs = [_sequence(p, shape, env, ctx, f"{where}.path{i}", line) for i, p in enumerate(paths)]
+    seqs = [Seq(()) if p == [] else _sequence(p, shape, env, ctx, f"{where}.path{i}", line)
+            for i, p in enumerate(paths)]  # `[]`: the input itself (the decoder's output beside the MTP depths)
     ends = [out_shape(s, shape) for s in seqs] + ([shape] if identity else [])
-    merged = _merge_shape(merge, ends)
+    merged = _concat_shape(ends, axis) if axis is not None else _merge_shape(merge, ends)
     merge_layer = Layer(merge, merge_attrs, ends[0], merged, f"{name}.{merge}")
     return Branches(tuple(seqs), merge_layer, str(name))
+
+
+def _concat_shape(ends: list[tuple], axis: int) -> tuple:
+    """A concat along the dimension `axis` names: 0 the first per-sample one (a sequence stacked after another,
+    as Megatron-Core stacks the MTP depths' hidden states), -1 the last (features side by side, as the MTP
+    projection's [embedding, hidden] input). The other dimensions must agree."""
+    first = ends[0]
+    rest = (lambda e: tuple(e[1:])) if axis == 0 else (lambda e: tuple(e[:-1]))
+    if any(len(e) != len(first) or rest(e) != rest(first) for e in ends):
+        raise ShapeError(f"concat on axis {axis} needs equal shapes in the other dimensions",
+                         expected=list(first), found=[list(e) for e in ends])
+    total = sum(e[axis] for e in ends)
+    return (total, *first[1:]) if axis == 0 else (*first[:-1], total)
 
 
 def _merge_shape(merge: str, ends: list[tuple]) -> tuple:
@@ -433,6 +468,8 @@ def _op_layer(entry: dict, shape: tuple, env: dict, ctx: _Ctx, where: str, line:
     layer = Layer(op, tuple(sorted((k, _hashable(v)) for k, v in attrs.items())), tuple(shape), tuple(out),
                   str(entry.get("name", op)), rule.params(shape, attrs))
     repeat = _repeat(entry, env, ctx, where, line)
+    if repeat == 0:
+        return Seq((), 1, layer.name)
     if repeat == 1:
         return layer
     seq = Seq((layer,), repeat, layer.name)
