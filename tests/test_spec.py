@@ -191,3 +191,25 @@ def test_a_parsed_document_is_reused_but_each_caller_gets_its_own_copy(tmp_path,
     assert len(parsed) == 1  # read twice, parsed once
     path.write_text("a:\n  b: [4]\n")  # an edited file is parsed again
     assert yamlio.load_yaml_file(path) == {"a": {"b": [4]}} and len(parsed) == 2
+
+
+def test_optional_parts_empty_path_axis_and_zero_repeat():
+    """The features DeepSeek-V3's MTP module uses: `[]` is the identity path, `axis` picks concat's dimension,
+    a `repeat:` expression of 0 leaves its entry out, and a param whose default is 0 may be 0."""
+    doc = {"name": "t", "input": ["seq"], "params": {"seq": 8, "h": 4, "extra": 0},
+           "blocks": {"side": {"layers": [
+               {"branches": [[], [{"op": "linear", "out": "h"}]], "merge": "concat", "axis": 0}]}},
+           "layers": [{"op": "embedding", "vocab": 10, "dim": "h"},
+                      {"branches": [[{"op": "embedding", "vocab": 10, "dim": "h", "tied": True}], []],
+                       "merge": "concat", "axis": -1},
+                      {"op": "linear", "in": "2 * h", "out": "h"},
+                      {"block": "side", "repeat": "min(extra, 1)", "name": "side"}]}
+    off = model_from_dict(doc, "t.yaml", {})
+    assert off.output_shape == (8, 4) and not any(layer.name == "side" for layer, _ in off.layers())
+    assert off.total_params == 10 * 4 + 8 * 4 + 4  # the tied lookup owns nothing
+    on = model_from_dict(doc, "t.yaml", {"extra": 1})
+    assert on.output_shape == (16, 4)  # the identity and the linear stacked along the sequence
+    with pytest.raises(DlperfError, match="repeat count from 1"):
+        model_from_dict({**doc, "layers": [*doc["layers"][:3], {"block": "side", "repeat": 0}]}, "t.yaml", {})
+    with pytest.raises(DlperfError, match="axis"):
+        model_from_dict({**doc, "layers": [doc["layers"][0], {**doc["layers"][1], "merge": "add"}]}, "t.yaml", {})

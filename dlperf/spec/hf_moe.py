@@ -179,7 +179,9 @@ def deepseek_v3(config: dict) -> dict:
     """DeepseekV3ForCausalLM: MLA attention; the first `first_k_dense_replace` layers dense, then (every
     `moe_layer_freq`) routed experts plus shared experts; the noaux_tc router keeps a per-expert score
     correction bias (a parameter). The multi-token-prediction layers (num_nextn_predict_layers) are not built:
-    transformers does not load them either."""
+    transformers does not load them either (DeepseekV3ForCausalLM has no MTP module and its forward never runs
+    one), so the converted count stays the 671B num_parameters() gives. A training plan that runs MTP uses the
+    built-in deepseek-v3 with `--set mtp_layers=N` (Megatron-Core's mtp_num_layers), which prices the module."""
     params = _common_params(config) | {
         "ffn": _get(config, "intermediate_size"),
         "moe_ffn": _get(config, "moe_intermediate_size"),
