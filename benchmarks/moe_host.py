@@ -22,10 +22,16 @@ speed 0.966 of the reference), Megatron-LM @92c8482e, torch 2.13.0+cpu, 7 runs x
     128 experts top-8, 128 tokens: 77 / 457 ATen ops, forward 2.725, backward 1.915
     16 experts top-8, 32 tokens:   77 / 120 ATen ops, forward 1.320, backward 1.106
     16 experts top-8, 128 tokens:  77 / 120 ATen ops, forward 1.752, backward 1.446
+The VM was loaded (load average ~2.9 on its 2 vCPUs) and the same settings varied up to 1.5x between runs
+(128 experts, 32 tokens: forward 1.81-2.75 ms, backward 1.45-2.24; 16 experts: forward 1.17-2.02, backward
+0.90-1.71): interference only adds time, so the smallest figures are the nearest to a quiet host.
 Forward sections at 128 experts, 32 tokens (perf_counter around the module methods, median of 100 passes, us):
-router 724 (gating 147, routing 493), dispatch_preprocess 234, token_dispatch 48, dispatch_postprocess (permute +
+router 724 (gating 147, routing 493),
+dispatch_preprocess 234, token_dispatch 48, dispatch_postprocess (permute +
 chunk sort) 693, experts 534 (SwiGLU with probabilities 251), combine_preprocess (chunk sort) 275, token_combine
-34, combine_postprocess (unpermute) 86.
+34, combine_postprocess (unpermute) 86; in the quietest run (forward 1.81, backward 1.45 ms): 95, 344,
+157, 27, 436, 374 (173), 172, 21, 63; at 16 experts (forward 1.17, backward 0.90 ms): 77, 260, 130, 28, 91,
+350 (166), 52, 17, 60.
 
 How the measurement differs from the GPU run (each shim is a difference):
 - Expert parallelism 1: one process cannot run the all-to-alls, so the dispatcher's ep > 1 work (the splits'
