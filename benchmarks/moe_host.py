@@ -35,7 +35,7 @@ chunk sort) 693, experts 534 (SwiGLU with probabilities 251), combine_preprocess
 
 How the measurement differs from the GPU run (each shim is a difference):
 - Expert parallelism 1: one process cannot run the all-to-alls, so the dispatcher's ep > 1 work (the splits'
-  sums and device-to-host copies, the chunk sorts by local expert, the collectives' Python) is not in it; with
+  sums and device-to-host copies, the collectives' Python) is not in it (the chunk sorts run: 128 local experts); with
   --experts 128 the layer holds all 128 experts (--experts 16 runs the 16 per rank of EP 8 as a 16-expert layer
   with the same top-k: the same ATen operator count forward, fewer chunks in the unfused chunk sort).
 - No Transformer Engine (a CPU build has none): the router and permutation run unfused (moe_router_fusion and
@@ -48,7 +48,7 @@ How the measurement differs from the GPU run (each shim is a difference):
   (token_dispatcher.py sort_chunks_by_idxs) splits the tokens into experts x ep chunks and concatenates them
   (torch.split + torch.cat over 128 pieces at 128 experts; backward the matching narrows and cat), per-chunk
   host work the fused TE sort (one kernel each way) does not have: most of the difference between the
-  128-expert and 16-expert figures below.
+  128-expert and 16-expert figures above.
 - torch.cuda stream shims (FakeStream): the dispatcher's side stream for its device-to-host copies, current_stream,
   the stream context and record_event/synchronize are no-ops here; on a GPU each is a small CUDA runtime call.
 - torch.cuda.current_device returns "cpu" (only used to place parameters; use_cpu_initialization is set anyway).
