@@ -78,9 +78,13 @@ def test_python_m_and_bad_unit_file(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_set_must_be_positive_integer(run):
+def test_set_must_be_a_whole_number_and_a_count_positive(run):
     code, _, err = run("show", "gpt", "--set", "layers=abc")
+    assert code == 2 and "whole number" in err
+    code, _, err = run("show", "gpt", "--set", "layers=0")  # a count the model needs
     assert code == 2 and "positive integer" in err
+    code, _, _ = run("show", "deepseek-v3", "--set", "mtp_layers=0")  # an optional part, off by default
+    assert code == 0
 
 
 def test_help_lists_commands():

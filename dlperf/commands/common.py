@@ -102,9 +102,9 @@ def set_option(fn: Callable) -> Callable:
 
 
 def parse_sets(sets: tuple[str, ...]) -> dict[str, int | bool]:
-    """'--set layers=24' pairs into {'layers': 24}; values are positive integers (ASCII digits, at most 2**53),
-    or true/false for a switch such as `--set flash=true` (the model file says which its parameter is). A name
-    given twice is refused rather than silently keeping the last."""
+    """'--set layers=24' pairs into {'layers': 24}; values are whole numbers (ASCII digits, at most 2**53; the model
+    refuses 0 for a count whose file default is not 0), or true/false for a switch such as `--set flash=true` (the
+    model file says which its parameter is). A name given twice is refused rather than silently keeping the last."""
     from dlperf.spec.expr import MAX_INT
 
     out: dict[str, int | bool] = {}
@@ -119,9 +119,9 @@ def parse_sets(sets: tuple[str, ...]) -> dict[str, int | bool]:
             out[name] = value.lower() == "true"
             continue
         if not _INT.match(value) or len(value) > 20:
-            raise SpecError(f"--set {name}", expected="a positive integer or true/false", found=value)
-        if not 1 <= int(value) <= MAX_INT:
-            raise SpecError(f"--set {name}", expected="a positive integer (at most 2**53)", found=value)
+            raise SpecError(f"--set {name}", expected="a whole number or true/false", found=value)
+        if not 0 <= int(value) <= MAX_INT:
+            raise SpecError(f"--set {name}", expected="a whole number (at most 2**53)", found=value)
         out[name] = int(value)
     return out
 
