@@ -218,7 +218,7 @@ def _check_knobs(plan: Plan) -> None:
     _check_offload(plan)
     _check_input(plan)
     _check_grad_passes(plan)
-    _check_cuda_graphs(plan.cuda_graphs)
+    check_cuda_graphs(plan.cuda_graphs)
     value = plan.moe_imbalance
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or not 1 <= value <= 1000):  # also refuses NaN and infinity
@@ -338,7 +338,7 @@ def _check_grad_passes(plan: Plan) -> None:
     _check_names("grad_passes", plan.grad_passes, GRAD_PASSES)
 
 
-def _check_cuda_graphs(scopes: Any) -> None:
+def check_cuda_graphs(scopes: Any) -> None:
     """Scope names Megatron-Core accepts together (megatron/core/transformer/enums.py @3758b54b:61-71): distinct
     names of CUDA_GRAPH_SCOPES; moe_preprocess only with moe_router; full_iteration alone (the local
     implementation's whole-iteration graph); moe (the whole MoE layer) not beside its own router part."""

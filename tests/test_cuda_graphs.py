@@ -105,3 +105,20 @@ def test_graphs_speed_a_host_bound_step_and_never_slow_it():
     times = [predict(model, HW, base.with_(cuda_graphs=scopes)).step_time_s for scopes in
              ((), ("moe_router", "moe_preprocess"), ("attn", "moe_router", "moe_preprocess"), ("full_iteration",))]
     assert times == sorted(times, reverse=True) and times[-1] < times[0]
+
+
+def test_search_runs_every_plan_with_the_graphs_it_is_given(run):
+    """`dlperf search --cuda-graphs` prices each plan with those scopes: on a host-bound model capturing more is
+    never slower, the whole iteration fastest; a bad scope is one line, exit 2, before any plan is tried."""
+    import json
+
+    tiny = ["search", "gpt", "dgx-a100", "--gpus", "8", "--global-batch", "8", "--set", "layers=4", "--set",
+            "hidden=128", "--set", "heads=2", "--set", "seq=128", "--set", "vocab=1000", "--format", "json"]
+    best = {}
+    for scopes in ("", "attn", "full_iteration"):
+        code, out, err = run(*tiny, *(["--cuda-graphs", scopes] if scopes else []))
+        assert code == 0, err
+        best[scopes] = json.loads(out)["plans"][0]["step_time_s"]
+    assert best["full_iteration"] < best["attn"] < best[""]
+    code, _, err = run(*tiny, "--cuda-graphs", "attn,bogus")
+    assert code == 2 and "bogus" in err and err.count("\n") == 1

@@ -101,6 +101,12 @@ def set_option(fn: Callable) -> Callable:
                         help="Override a model parameter (repeatable), e.g. --set layers=24.")(fn)
 
 
+def name_list(text: str | None) -> tuple[str, ...]:
+    """A comma-separated CLI list (--recompute-modules, --input-ops, --grad-passes, --cuda-graphs) as a tuple of
+    its non-empty names."""
+    return tuple(name.strip() for name in (text or "").split(",") if name.strip())
+
+
 def parse_sets(sets: tuple[str, ...]) -> dict[str, int | bool]:
     """'--set layers=24' pairs into {'layers': 24}; values are whole numbers (ASCII digits, at most 2**53; the model
     refuses 0 for a count whose file default is not 0), or true/false for a switch such as `--set flash=true` (the

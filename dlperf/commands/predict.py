@@ -13,6 +13,7 @@ from dlperf.commands.common import (
     PlotPath,
     exit_unless_fits,
     format_option,
+    name_list,
     parse_sets,
     set_option,
     wrote,
@@ -206,13 +207,13 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         moe_imbalance=opts.get("moe_imbalance"), ep_overlap=opts.get("ep_overlap", False),
         p2p_overlap=opts.get("p2p_overlap", False),
         zero_impl=opts.get("zero_impl") or "fsdp", dp_impl=opts.get("dp_impl") or "nccl",
-        recompute_modules=_names(opts.get("recompute_modules")),
+        recompute_modules=name_list(opts.get("recompute_modules")),
         fp8_activations=opts.get("fp8_activations", False), ep_dispatcher=opts.get("ep_dispatcher") or "alltoall",
         memory_format=opts.get("memory_format") or "nhwc",
         data_backend=opts.get("data_backend") or "synthetic", loader_workers=opts.get("loader_workers") or 0,
-        input_ops=_names(opts.get("input_ops")), grad_passes=_names(opts.get("grad_passes")),
+        input_ops=name_list(opts.get("input_ops")), grad_passes=name_list(opts.get("grad_passes")),
         offload_layers=opts.get("offload_layers") or 0, optimizer_impl=opts.get("optimizer_impl") or "fused",
-        cuda_graphs=_names(opts.get("cuda_graphs")),
+        cuda_graphs=name_list(opts.get("cuda_graphs")),
     )
     if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
         from dlperf.engine.defaults import default_plan
@@ -229,12 +230,6 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
                      f"micro-batches per step")
         _check_interleaving(base)
     return base, notes
-
-
-def _names(text: str | None) -> tuple[str, ...]:
-    """A comma-separated CLI list (--recompute-modules, --input-ops, --grad-passes, --cuda-graphs) as a tuple of
-    its non-empty names."""
-    return tuple(name.strip() for name in (text or "").split(",") if name.strip())
 
 
 def _check_interleaving(plan: Any) -> None:

@@ -13,6 +13,7 @@ from dlperf.commands.common import (
     PlotPath,
     exit_unless_fits,
     format_option,
+    name_list,
     set_option,
     warn,
     wrote,
@@ -84,24 +85,30 @@ def _memory_option(text: str | None) -> float | None:
 @click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's).")
 @click.option("--cudnn", default=None, metavar="VERSION",
               help="cuDNN version fused attention runs, e.g. 9.13.1 (as `dlperf predict --cudnn`).")
+@click.option("--cuda-graphs", default="", metavar="SCOPE[,SCOPE]",
+              help="Modules every plan runs under CUDA graphs, e.g. attn,moe_router (as `dlperf predict "
+                   "--cuda-graphs`). Default: eager.")
 @format_option
 def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, global_batch: int, top: int,
            max_step_time: float | None, max_memory: str | None, objective: str, max_micro_batch: int,
            uneven_stages: bool, ep_degrees: str | None, cp_degrees: str, cp_algorithm: str, dtype: str | None,
-           cudnn: str | None, fmt: str) -> None:
+           cudnn: str | None, cuda_graphs: str, fmt: str) -> None:
     """Enumerate parallel plans for MODEL on HARDWARE, keep those that fit, print the best."""
-    from dlperf.plan import Plan, cudnn_version
+    from dlperf.plan import Plan, check_cuda_graphs, cudnn_version
     from dlperf.search import SearchSpace, parse_gpu_list, terminal_progress
     from dlperf.search import search as run
 
     if cudnn is not None:  # refused here: search skips a plan its rules refuse, which would hide the typo
         cudnn_version(cudnn, "--cudnn")
+    graphs = name_list(cuda_graphs)
+    check_cuda_graphs(graphs)  # refused here too, for the same reason
     spec, hw = _load(model, hardware, sets)
     space = SearchSpace(max_micro_batch=max_micro_batch, uneven_stages=uneven_stages,
                         ep=_degrees("--ep", ep_degrees) if ep_degrees else None, cp=_degrees("--cp", cp_degrees))
     counts = parse_gpu_list(devices)
     result = run(spec, hw, counts if len(counts) > 1 else counts[0], global_batch, objective=objective,
-                 max_memory=_memory_option(max_memory), base=Plan(dtype=dtype, cp_algorithm=cp_algorithm, cudnn=cudnn),
+                 max_memory=_memory_option(max_memory), base=Plan(dtype=dtype, cp_algorithm=cp_algorithm, cudnn=cudnn,
+                                                                   cuda_graphs=graphs),
                  space=space,
                  progress=terminal_progress("searching plans"), max_step_time=max_step_time)
     rows = result.rows(top)
