@@ -36,7 +36,7 @@ from dlperf.engine.pipeline import (
 )
 from dlperf.engine.stage import StageCost, stage_cost
 from dlperf.engine.straggler import straggler_factor
-from dlperf.engine.tf1_update import branch_host_time
+from dlperf.engine.tf1_update import update_step_time
 from dlperf.engine.work import model_cost
 from dlperf.errors import PlanError
 from dlperf.ops.base import numel
@@ -346,7 +346,7 @@ class StepModel:
         dp_total, dp_exposed = self._dp_over_stages(plan, stages, slow, dtype, m)
         optimizer = _optimizer_time_split(self.hw, plan, params, max(stages, key=lambda s: s.params).expert_params,
                                           self._fp8_cast_bytes(params, dtype), (loop_launches(self.model, plan), dtype))
-        optimizer = mathx.maximum(optimizer, branch_host_time(self.model, self.hw, plan, dtype))
+        optimizer = update_step_time(self.model, self.hw, plan, dtype, params, optimizer)
         metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
@@ -410,7 +410,7 @@ class StepModel:
         optimizer = _optimizer_time_split(self.hw, twin, heaviest.params, heaviest.expert_params,
                                           self._fp8_cast_bytes(heaviest.params, dtype),
                                           (loop_launches(self.model, plan), dtype))
-        optimizer = mathx.maximum(optimizer, branch_host_time(self.model, self.hw, plan, dtype))
+        optimizer = update_step_time(self.model, self.hw, plan, dtype, heaviest.params, optimizer)
         metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)

@@ -27,16 +27,27 @@ only adds time, so the quiet figures are used). Per variable, at the reference h
 single-thread speed over HOST_REFERENCE, spec/hardware.py). A GPU host also launches the compiled cluster's
 kernels, which a CPU run cannot show: a lower bound. (A TensorFlow 2.21 stand-in in v1 graph mode printed 29.22 /
 36.06 ms for the same branch; TF 2's executor is not the one that ran, so that figure is not used.)
+
+ASSIGN_COPY_BYTES: in TF32 runs the variables are reference variables (run_pretraining.py enables resource
+variables under AMP only), whose Assigns XLA does not cluster: benchmarks/tf1_lamb_step.py --xla counts 1194 Assign
+ops outside the cluster (3 per variable: the parameter, adam_m, adam_v), and TensorFlow's AssignOp copies the new
+value into the variable's existing buffer (tensorflow/core/kernels/assign_op.h @v1.15.2+nv20.06, lines 84-99 and
+132-133): per parameter 3 fp32 copies, each a read and a write, 24 bytes of device traffic per step beyond the
+cluster's own (under AMP the resource variables' assigns are inside the cluster, nothing extra).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from dlperf import mathx
 from dlperf.engine.optimizer_loop import parameter_tensors
 from dlperf.plan import Plan
 from dlperf.spec.hardware import Hardware
 from dlperf.spec.model import Model
 
 VARIABLES_MEASURED = 398  # BERT-large's trainable variables, benchmarks/tf1_lamb_step.py bert_large_variables()
+ASSIGN_COPY_BYTES = {"fp16": 0, "tf32": 3 * 2 * 4}  # per parameter per step (docstring)
 XEON_VM_SPEED = 0.966     # spec/hardware.py: the Xeon VM's single-thread speed over HOST_REFERENCE
 HOST_PER_VARIABLE = {     # host seconds per variable at the reference host, benchmarks/tf1_lamb_step.py --xla
     "fp16": 12.25e-3 / VARIABLES_MEASURED * XEON_VM_SPEED,
@@ -51,3 +62,13 @@ def branch_host_time(model: Model, hw: Hardware, plan: Plan, dtype: str) -> floa
         return 0.0
     per_variable = HOST_PER_VARIABLE["fp16" if dtype == "fp16" else "tf32"]
     return parameter_tensors(model) * per_variable / hw.device.host_speed
+
+
+def update_step_time(model: Model, hw: Hardware, plan: Plan, dtype: str, params: Any, update: Any) -> Any:
+    """The optimizer step of a tf1-graph plan: the device's `update` plus the reference variables' Assign copies
+    (ASSIGN_COPY_BYTES over this device's `params`), or the host's issuing time after Horovod (branch_host_time),
+    whichever is longer; any other optimizer_impl: `update` as it is."""
+    if plan.optimizer_impl != "tf1-graph":
+        return update
+    copies = ASSIGN_COPY_BYTES["fp16" if dtype == "fp16" else "tf32"] * params / hw.device.achieved_memory_bandwidth()
+    return mathx.maximum(update + copies, branch_host_time(model, hw, plan, dtype))
