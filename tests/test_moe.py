@@ -203,6 +203,57 @@ def test_moe_router_runs_in_fp32_and_capacity_factor_parses():
     assert router.dtype == "fp32" and layer["capacity_factor"] == 1.25
 
 
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"])
+def test_capacity_factor_model_param_defaults_to_dropless(name):
+    # `capacity_factor: capacity_factor` on the moe op names a model param (0: dropless, Megatron-Core's default);
+    # at its default every MoE layer, and so every prediction, is the same as with the attribute left off
+    import yaml
+
+    from dlperf import builtins
+
+    path = builtins.resolve(name, "models")
+    data = yaml.safe_load(path.read_text())
+    stripped = yaml.safe_load(path.read_text())
+    del stripped["params"]["capacity_factor"]
+    for block in stripped["blocks"].values():
+        for item in block["layers"]:
+            for op in item.get("residual", []) if isinstance(item, dict) else []:
+                if isinstance(op, dict) and op.get("op") == "moe":
+                    del op["capacity_factor"]
+    default, dropless = model_from_dict(data, str(path), {}), model_from_dict(stripped, str(path), {})
+    assert default.root == dropless.root
+    moe = [layer for layer, _ in default.counted() if layer.op == "moe"]
+    assert moe and all(layer["capacity_factor"] is None for layer in moe)
+    hw = load_hardware("dgx-b200")
+    plan = Plan(devices=8, ep=8, global_batch=64, micro_batch=1, zero=1, moe_imbalance=1.0) if name == "qwen3-30b-a3b" \
+        else Plan(devices=64, pp=8, ep=8, global_batch=64, micro_batch=1, zero=1, moe_imbalance=1.0)
+    assert predict(default, hw, plan).step_time_s == predict(dropless, hw, plan).step_time_s
+    padded = load_model(name, {"capacity_factor": 1})  # a row's `set: {capacity_factor: 1}` (drop-and-pad at 1.0)
+    assert {layer["capacity_factor"] for layer, _ in padded.counted() if layer.op == "moe"} == {1.0}
+    assert predict(padded, hw, plan).step_time_s != predict(default, hw, plan).step_time_s
+
+
+def test_megatron_bridge_tokendrop_rows_set_the_recipe_capacity_factor():
+    # 25.09 run_script.py @fa0315ae2 applies apply_moe_token_drop (moe_expert_capacity_factor 1.0, padded) to every
+    # `tokendrop` row; the other Megatron-Bridge MoE rows are dropless (the param's default)
+    from dlperf.validate import load_all
+
+    rows, pending = load_all()
+    mb = [r for r in [*rows, *pending] if r.id.startswith("mbridge-") and r.model in MB_MOE_MODELS]
+    tokendrop = [r for r in mb if r.id.endswith("-tokendrop")]
+    assert len(tokendrop) == 13 and all(r.sets.get("capacity_factor") == 1 for r in tokendrop)
+    assert not any("capacity_factor" in r.sets for r in mb if r not in tokendrop)
+    # whole-layer local CUDA graphs where the 25.09 perf_matrix says cuda_graphs: true (the MoE part capturable
+    # because drop-and-pad): Qwen3-30B on GB200 and B200, DeepSeek-V3 FP8 / MXFP8 on B200 (its dense layers' MLP too)
+    scored = {r.id: r for r in rows}
+    assert scored["mbridge-2509-qwen3-30b-a3b-gb200-fp8-tokendrop"].plan.cuda_graphs == ("attn", "moe")
+    assert scored["mbridge-2509-deepseek-v3-b200-mxfp8-tokendrop"].plan.cuda_graphs == ("attn", "mlp", "moe")
+    assert scored["mbridge-2509-qwen3-235b-a22b-b200-fp8-tokendrop"].plan.cuda_graphs == ()
+
+
+MB_MOE_MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3")
+
+
 def test_moe_bad_attributes_are_one_line_errors():
     from dlperf.errors import DlperfError
 

@@ -23,7 +23,7 @@ from dlperf.spec.yamlio import check_keys, closest, line_of, load_yaml_file
 
 TOP_KEYS = ("name", "description", "source", "input", "dtype", "params", "base", "blocks", "layers")
 FLOAT_ATTRS = ("p", "eps", "dropout")
-FACTOR_ATTRS = ("capacity_factor",)  # a number >= 1 (null: off)
+FACTOR_ATTRS = ("capacity_factor",)  # a number >= 1 (null: off), or a model param naming one (0: off)
 CHOICE_ATTRS = {"algorithm": ("auto", "direct", "im2col", "winograd", "fft"), "impl": LOSS_IMPLS,
                 "softmax": SOFTMAX_IMPLS, "rope": ROPE_IMPLS,
                 "qkv_split": QKV_SPLIT_IMPLS}
@@ -492,6 +492,10 @@ def _attr(op: str, key: str, raw: Any, default: Any, env: dict, ctx: _Ctx, where
                 raise SpecError(expected="one of " + ", ".join(CHOICE_ATTRS[key]), found=raw)
             return raw
         if key in FACTOR_ATTRS:
+            if isinstance(raw, str):  # a model param, 0 for off (qwen3's and deepseek-v3's capacity_factor)
+                raw = _evaluate(raw, env)
+                if raw == 0 and not isinstance(raw, bool):
+                    return None
             if raw is None:
                 return None
             if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw < 1:
