@@ -68,6 +68,7 @@ class StageCost:
     tp_comm_rerun: Any = 0.0        # the tp collectives full recomputation reruns (a part of `recompute`)
     ep_comm_rerun: Any = 0.0        # ... the expert all-to-alls it reruns
     cp_comm_rerun: Any = 0.0        # ... the context-parallel exchange it reruns
+    flow_fwd: Any = None            # the forward kernels as a flow shop split at host syncs (None: no sync; flow_shop)
 
     def with_(self, **changes: Any) -> StageCost:
         """dataclasses.replace(self, **changes), as `plan.fast_replace` does it (the copy shares `per_type`): the
@@ -85,6 +86,9 @@ class StageCost:
                  "ep_comm_bwd", "cp_comm_fwd", "cp_comm_bwd", "expert_params", "backward_weight", "tp_comm_rerun",
                  "ep_comm_rerun", "cp_comm_rerun", "fp8_params")
         out = StageCost(**{n: getattr(self, n) + getattr(other, n) for n in names})
+        if self.flow_fwd is not None or other.flow_fwd is not None:  # a part without syncs: its max(H, D)
+            out.flow_fwd = sum(mathx.maximum(p.forward, p.host_fwd) if p.flow_fwd is None else p.flow_fwd
+                               for p in (self, other))
         for part in (self, other):
             for key, value in part.per_type.items():
                 out.per_type[key] = out.per_type.get(key, 0.0) + value
@@ -113,12 +117,17 @@ class StageCost:
         longer of the device's work and the host's issuing of it (a pass is host-bound when issuing its kernels
         takes longer than running them; DEFAULT_DISPATCH in spec/hardware.py). `extra_backward` is more device
         work in the backward pass, `ep` the expert all-to-all left exposed (default: all of it), and
-        `recompute_share` the fraction of micro-batches whose forward is rerun."""
+        `recompute_share` the fraction of micro-batches whose forward is rerun. A forward with host syncs
+        (`flow_fwd`) lasts at least its kernels' flow shop plus the exposed collectives (each collective placed
+        where it adds to every term of flow_shop's maximum: right after a sync, as the expert dispatch is)."""
         ep_fwd, ep_bwd = (self.ep_comm_fwd, self.ep_comm_bwd) if ep is None else ep
         device_fwd = self.forward + self.tp_comm_fwd + ep_fwd + self.cp_comm_fwd
         device_bwd = (self.backward + self.tp_comm_bwd + ep_bwd + self.cp_comm_bwd + self.recompute * recompute_share
                       + extra_backward)
-        return (mathx.maximum(device_fwd, self.host_fwd),
+        forward = mathx.maximum(device_fwd, self.host_fwd)
+        if self.flow_fwd is not None:
+            forward = mathx.maximum(forward, self.flow_fwd + (device_fwd - self.forward))
+        return (forward,
                 mathx.maximum(device_bwd, self.host_bwd + self.host_recompute * recompute_share),
                 device_fwd, device_bwd)
 
@@ -196,6 +205,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
     acts = acts or ActivationPolicy()
     graphs = graphs or Graphs()
     sublayers = sublayer_share(graphs, uses) if graphs.scopes else 0.0
+    sequence: list[tuple[Use, Kernel, Any, Any]] = []  # (use, kernel, host, device) of the forward, for flow_fwd
     for use in uses:
         divisor = tp if (use.sharded or sp) else 1
         in_fp8 = is_recipe(dtype) and use.layer in fp8
@@ -217,6 +227,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
                 fwd, bwd = fwd * load, bwd * load
             if kernel.name in ATTENTION_CORE:
                 core = [core[0] + fwd, core[1] + bwd]
+            sequence.append((use, kernel, host_fwd, fwd))
             out.forward = out.forward + use.count * fwd
             out.backward = out.backward + use.count * bwd
             out.backward_weight = out.backward_weight + use.count * bwd * _weight_share(kernel)
@@ -259,7 +270,81 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         fwd_replays, bwd_replays = replays(graphs, uses)
         out.host_fwd = out.host_fwd + fwd_replays * hw.device.dispatch_forward
         out.host_bwd = out.host_bwd + bwd_replays * hw.device.dispatch_backward
+    out.flow_fwd = _flow_forward(sequence, par)
     return out
+
+
+# Megatron-Core's MoE layer forward runs (NVIDIA/Megatron-LM @3758b54b): moe_layer.py custom_forward lines 556-583,
+# shared_experts_compute, route (router GEMM, fused top-k and aux-loss scores, router.py _apply_aux_loss), preprocess
+# (token_dispatcher.py dispatch_preprocess lines 594-649: `preprocess`'s counts, then TE's fused permute: row-id map,
+# permute), dispatch (token_dispatch lines 651-678: the wait at "before_ep_alltoall", then the all-to-all),
+# routed_experts_compute (dispatch_postprocess's chunk sort lines 680-749, the experts: fc1, the activation with
+# gpt-oss's clamp and offset copy, fc2; combine_preprocess's chunk sort), combine, postprocess (unpermute = dlperf's
+# `combine`, the shared experts' output added). moe_kernels lists its kernels in another order; this is the rank of
+# each (an fp8 cast or swizzle takes its GEMM's), `chunk_sort` standing for both sorts before the experts.
+MOE_ORDER = {"shared": 0, "router": 1, "topk_gating": 2, "aux_loss": 3, "dispatch_counts": 4, "deepep_metadata": 4,
+             "hybridep_metadata": 4, "row_id_map": 5, "permute": 6, "chunk_sort": 7, "expert_gate_up": 8,
+             "expert_up": 8, "expert_act_clamp": 9, "glu_offset_copy": 10, "expert": 11, "combine": 12,
+             "shared_add": 13, "grad_accumulate": 13}
+
+
+def _moe_rank(kernel: Kernel) -> int:
+    """`kernel`'s place in Megatron-Core's MoE forward (MOE_ORDER)."""
+    name = kernel.name.removesuffix("_fp8_cast").removesuffix("_mx_swizzle")
+    return MOE_ORDER.get(name, MOE_ORDER.get(name.split("_")[0], 11))
+
+
+def _host_sync(use: Use, kernel: Kernel, par: Parallel) -> bool:
+    """Whether the host waits for the device right after issuing `kernel`: a synchronising kernel (Kernel.syncs),
+    or, in a dropless MoE layer under expert parallelism, the permute before the all-to-all dispatcher's wait for
+    its split sizes (token_dispatcher.py lines 566 and 668: the sync point "before_ep_alltoall", issued after
+    dispatch_preprocess's permute; context.ep_dispatch_extra charges its gap) or DeepEP's / HybridEP's metadata
+    before their dispatch, which waits the same way."""
+    if kernel.syncs:
+        return True
+    if use.layer.op != "moe" or par.ep <= 1 or use.layer.get("capacity_factor"):
+        return False
+    return kernel.name == ("permute" if par.ep_dispatcher == "alltoall" else f"{par.ep_dispatcher}_metadata")
+
+
+def flow_shop(jobs: list[tuple[Any, Any]]) -> Any:
+    """Seconds for the host to issue and the device to run `jobs` (host, device) in order, the device starting a
+    job once it is issued and the previous one done (a two-stage permutation flow shop, Johnson 1954):
+    max over i of h_1 + ... + h_i + d_i + ... + d_n; at least max(sum h, sum d), at most their sum, and never less
+    when any h or d grows."""
+    best, issued, left = 0.0, 0.0, sum(d for _, d in jobs)
+    for h, d in jobs:
+        issued = issued + h
+        best = mathx.maximum(best, issued + left)
+        left = left - d
+    return best
+
+
+def _flow_forward(sequence: list[tuple[Use, Kernel, Any, Any]], par: Parallel) -> Any:
+    """Seconds of a forward pass whose host syncs drain the device (None: no sync, the pass stays max(H, D)).
+    Each sync loses the host's lead: between two syncs the kernels run as a flow shop. The uses are distinct
+    layers with counts, in model order; the synchronising ones run `n` times per micro-batch (one per block), so
+    one cycle is every kernel once per block (count / n: layers outside the blocks spread over them, a layer used
+    twice per block counted twice at its place), MoE kernels in Megatron-Core's order (MOE_ORDER), cut after each
+    sync and rotated to start after the last one; the pass is n cycles. Syncs in layers of different counts fall
+    back to max(H, D) (not priced by this prototype)."""
+    counts = {use.count for use, kernel, _, _ in sequence if _host_sync(use, kernel, par)}
+    if len(counts) != 1:
+        return None
+    n = counts.pop()
+    first: dict[int, int] = {}  # each use's first place in `sequence` (its kernels are contiguous there)
+    for i, (use, _, _, _) in enumerate(sequence):
+        first.setdefault(id(use), i)
+    def place(i: int) -> tuple[int, int]:
+        use, kernel = sequence[i][:2]
+        return (first[id(use)], _moe_rank(kernel)) if use.layer.op == "moe" else (i, 0)
+    segments: list[list[tuple[Any, Any]]] = [[]]
+    for use, kernel, host, device in (sequence[i] for i in sorted(range(len(sequence)), key=place)):
+        segments[-1].append((host * use.count / n, device * use.count / n))
+        if _host_sync(use, kernel, par):
+            segments.append([])
+    segments[0] = segments.pop() + segments[0]  # the cycle repeats: what follows the last sync precedes the first
+    return n * sum(flow_shop(jobs) for jobs in segments)
 
 
 def _eager_collectives(graphs: Graphs, use: Use, sublayers: Any) -> Any:

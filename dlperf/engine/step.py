@@ -514,7 +514,7 @@ class StepModel:
         key = (id(stage), id(slow))
         if key not in self._pace:
             self._pace[key] = (stage.with_(forward=slow.forward, backward=slow.backward, host_fwd=slow.host_fwd,
-                                           host_bwd=slow.host_bwd), stage, slow)
+                                           host_bwd=slow.host_bwd, flow_fwd=slow.flow_fwd), stage, slow)
         return self._pace[key][0]
 
     def _dp_time(self, plan: Plan, slow: StageCost, dtype: str, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
