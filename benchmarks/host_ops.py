@@ -26,24 +26,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_count import CountOps  # benchmarks/op_count.py: run as a script, this folder is on sys.path
 
 from dlperf.calibrate.backend_torch import layer_launches
 
 SEQ, BATCH, HIDDEN, HEADS = 2, 1, 8, 2   # as small as the layer allows: only the host's work should count
 HEAD_DIM = HIDDEN // HEADS
-
-
-class CountOps(TorchDispatchMode):
-    """Counts every ATen operator call, kernel-launching or not."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 class Region(torch.autograd.Function):

@@ -111,21 +111,9 @@ import types
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_count import CountOps  # benchmarks/op_count.py: run as a script, this folder is on sys.path
 
 HIDDEN, FFN = 16, 16  # small enough that 128 experts' weight gradients (128 x 3 x 16 x 16) cost next to nothing
-
-
-class CountOps(TorchDispatchMode):
-    """Counts every ATen operator call, kernel-launching or not (as benchmarks/host_ops.py)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 class GroupedGemmShim(torch.autograd.Function):
