@@ -43,8 +43,8 @@ def test_no_sync_plans_predict_as_before():
     rows = [r for r in validate.load_dataset() if "moe" not in r.id and "gpt-oss" not in r.id][:8]
     original = stage._flow_forward
     seen = []
-    def spy(sequence, par):
-        seen.append(original(sequence, par))
+    def spy(sequence):
+        seen.append(original(sequence))
         return seen[-1]
     try:
         stage._flow_forward = spy
@@ -53,7 +53,7 @@ def test_no_sync_plans_predict_as_before():
             with_flow = validate._predict(row)[0].step_time_s
             if any(x is not None for x in seen):
                 continue
-            stage._flow_forward = lambda sequence, par: None
+            stage._flow_forward = lambda sequence: None
             assert validate._predict(row)[0].step_time_s == with_flow
             stage._flow_forward = spy
     finally:
@@ -68,10 +68,10 @@ def test_moe_ep_forward_at_least_max():
 
     row = {r.id: r for r in validate.load_dataset()}["mbridge-2602-qwen3-30b-a3b-b200-mxfp8"]
     original, seen = stage._flow_forward, []
-    def spy(sequence, par):
-        flow = original(sequence, par)
-        device = sum(use.count * d for use, _, _, d in sequence)
-        host = sum(use.count * h for use, _, h, _ in sequence)
+    def spy(sequence):
+        flow = original(sequence)
+        device = sum(use.count * d for use, _, _, d, _ in sequence)
+        host = sum(use.count * h for use, _, h, _, _ in sequence)
         seen.append((flow, max(device, host)))
         return flow
     try:

@@ -122,13 +122,19 @@ def kernel_graphed(graphs: Graphs, use: Use, kernel: Kernel, dispatcher: str) ->
                                              and kernel.name in PREPROCESS_KERNELS)
 
 
+def eager_use_share(graphs: Graphs, use: Use, sublayers: Any) -> Any:
+    """The share of a use's occurrences run eagerly: its kernels' host cost and its tensor-parallel collectives'
+    (those of a captured attention or dense MLP are in its graph: NCCL kernels are captured with the layer's)."""
+    return 1.0 - use_share(graphs, use, sublayers)
+
+
 def eager_share(graphs: Graphs, use: Use, kernel: Kernel, dispatcher: str, sublayers: Any) -> Any:
     """The share of a kernel's host cost still paid eagerly (1: none of it captured)."""
     if not graphs.scopes or kernel.syncs:
         return 1.0
     if use.layer.op == "moe" and not graphs.full:
         return 0.0 if kernel_graphed(graphs, use, kernel, dispatcher) else 1.0
-    return 1.0 - use_share(graphs, use, sublayers)
+    return eager_use_share(graphs, use, sublayers)
 
 
 def replays(graphs: Graphs, uses: list[Use]) -> tuple[Any, Any]:

@@ -17,7 +17,7 @@ from dlperf.engine.context import (
     ep_exchange,
     expert_load,
 )
-from dlperf.engine.cuda_graphs import Graphs, eager_share, replays, sublayer_share, use_share
+from dlperf.engine.cuda_graphs import Graphs, eager_share, eager_use_share, replays, sublayer_share
 from dlperf.engine.device import dispatch_times, kernel_times
 from dlperf.engine.layers import Use
 from dlperf.engine.overlap import exposed
@@ -205,7 +205,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
     acts = acts or ActivationPolicy()
     graphs = graphs or Graphs()
     sublayers = sublayer_share(graphs, uses) if graphs.scopes else 0.0
-    sequence: list[tuple[Use, Kernel, Any, Any]] = []  # (use, kernel, host, device) of the forward, for flow_fwd
+    sequence: list[tuple[Use, Kernel, Any, Any, bool]] = []  # the forward's (use, kernel, host, device, syncs)
     for use in uses:
         divisor = tp if (use.sharded or sp) else 1
         in_fp8 = is_recipe(dtype) and use.layer in fp8
@@ -227,7 +227,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
                 fwd, bwd = fwd * load, bwd * load
             if kernel.name in ATTENTION_CORE:
                 core = [core[0] + fwd, core[1] + bwd]
-            sequence.append((use, kernel, host_fwd, fwd))
+            sequence.append((use, kernel, host_fwd, fwd, _host_sync(use, kernel, par)))
             out.forward = out.forward + use.count * fwd
             out.backward = out.backward + use.count * bwd
             out.backward_weight = out.backward_weight + use.count * bwd * _weight_share(kernel)
@@ -241,7 +241,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
             key = f"{use.layer.op}"
             out.per_type[key] = out.per_type.get(key, 0.0) + use.count * (fwd + bwd)
         held = out.params  # what the layer adds to the device's parameters: its own, less the experts ep moves off
-        collectives = _eager_collectives(graphs, use, sublayers)
+        collectives = eager_use_share(graphs, use, sublayers)
         if par.active:
             _add_ep_cp(out, use, batch, e, tp, recompute, par, core, hw.device, 0.0 if graphs.full else 1.0)
         if tp > 1:
@@ -270,7 +270,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         fwd_replays, bwd_replays = replays(graphs, uses)
         out.host_fwd = out.host_fwd + fwd_replays * hw.device.dispatch_forward
         out.host_bwd = out.host_bwd + bwd_replays * hw.device.dispatch_backward
-    out.flow_fwd = _flow_forward(sequence, par)
+    out.flow_fwd = _flow_forward(sequence)
     return out
 
 
@@ -320,7 +320,7 @@ def flow_shop(jobs: list[tuple[Any, Any]]) -> Any:
     return best
 
 
-def _flow_forward(sequence: list[tuple[Use, Kernel, Any, Any]], par: Parallel) -> Any:
+def _flow_forward(sequence: list[tuple[Use, Kernel, Any, Any, bool]]) -> Any:
     """Seconds of a forward pass whose host syncs drain the device (None: no sync, the pass stays max(H, D)).
     Each sync loses the host's lead: between two syncs the kernels run as a flow shop. The uses are distinct
     layers with counts, in model order; the synchronising ones run `n` times per micro-batch (one per block), so
@@ -328,29 +328,24 @@ def _flow_forward(sequence: list[tuple[Use, Kernel, Any, Any]], par: Parallel) -
     twice per block counted twice at its place), MoE kernels in Megatron-Core's order (MOE_ORDER), cut after each
     sync and rotated to start after the last one; the pass is n cycles. Syncs in layers of different counts fall
     back to max(H, D) (not priced by this prototype)."""
-    counts = {use.count for use, kernel, _, _ in sequence if _host_sync(use, kernel, par)}
+    counts = {use.count for use, _, _, _, syncs in sequence if syncs}
     if len(counts) != 1:
         return None
     n = counts.pop()
     first: dict[int, int] = {}  # each use's first place in `sequence` (its kernels are contiguous there)
-    for i, (use, _, _, _) in enumerate(sequence):
+    for i, (use, *_) in enumerate(sequence):
         first.setdefault(id(use), i)
+
     def place(i: int) -> tuple[int, int]:
         use, kernel = sequence[i][:2]
         return (first[id(use)], _moe_rank(kernel)) if use.layer.op == "moe" else (i, 0)
     segments: list[list[tuple[Any, Any]]] = [[]]
-    for use, kernel, host, device in (sequence[i] for i in sorted(range(len(sequence)), key=place)):
+    for use, _, host, device, syncs in (sequence[i] for i in sorted(range(len(sequence)), key=place)):
         segments[-1].append((host * use.count / n, device * use.count / n))
-        if _host_sync(use, kernel, par):
+        if syncs:
             segments.append([])
     segments[0] = segments.pop() + segments[0]  # the cycle repeats: what follows the last sync precedes the first
     return n * sum(flow_shop(jobs) for jobs in segments)
-
-
-def _eager_collectives(graphs: Graphs, use: Use, sublayers: Any) -> Any:
-    """The share of a use's tensor-parallel collectives the host still issues: those of a captured attention or
-    dense MLP are in its graph (NCCL kernels are captured with the layer's)."""
-    return 1.0 - use_share(graphs, use, sublayers)
 
 
 def _weight_share(kernel: Kernel) -> Any:

@@ -55,12 +55,17 @@ HOST_PER_VARIABLE = {     # host seconds per variable at the reference host, ben
 }
 
 
+def _kind(dtype: str) -> str:
+    """Which measurement a dtype takes: AMP's (fp16, resource variables) or TF32's (reference variables)."""
+    return "fp16" if dtype == "fp16" else "tf32"
+
+
 def branch_host_time(model: Model, hw: Hardware, plan: Plan, dtype: str) -> float:
     """Host seconds to issue the TF1 update branch after Horovod's allreduce (0 where nothing makes it show:
     another optimizer_impl, or no Horovod, whose completion is the host-side sync)."""
     if plan.optimizer_impl != "tf1-graph" or not plan.dp_impl.startswith("horovod"):
         return 0.0
-    per_variable = HOST_PER_VARIABLE["fp16" if dtype == "fp16" else "tf32"]
+    per_variable = HOST_PER_VARIABLE[_kind(dtype)]
     return parameter_tensors(model) * per_variable / hw.device.host_speed
 
 
@@ -70,5 +75,5 @@ def update_step_time(model: Model, hw: Hardware, plan: Plan, dtype: str, params:
     whichever is longer; any other optimizer_impl: `update` as it is."""
     if plan.optimizer_impl != "tf1-graph":
         return update
-    copies = ASSIGN_COPY_BYTES["fp16" if dtype == "fp16" else "tf32"] * params / hw.device.achieved_memory_bandwidth()
+    copies = ASSIGN_COPY_BYTES[_kind(dtype)] * params / hw.device.achieved_memory_bandwidth()
     return mathx.maximum(update + copies, branch_host_time(model, hw, plan, dtype))
