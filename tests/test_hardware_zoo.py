@@ -22,7 +22,7 @@ from dlperf.spec.yamlio import load_yaml_file
 
 EXPECTED = {"dgx1-v100", "dgx2-v100", "dgx-a100", "a100-40gb", "a100-800g", "dgx-h100", "hgx-h200", "p100-roce",
             "p40-pcie", "cpu-local", "dgx-b200", "gb200-nvl72", "dgx-gb300", "h800", "mi300x", "jean-zay-a100",
-            "dgx-b300"}
+            "dgx-b300", "aws-p5"}
 GiB = 2.0**30
 
 

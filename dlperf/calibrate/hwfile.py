@@ -185,6 +185,8 @@ def level_dict(level: NetworkLevel, source: str) -> dict[str, Any]:
         out["link"] = level.link
     if level.nvls_bandwidth is not None:
         out["nvls_bandwidth"] = _q(level.nvls_bandwidth, "bandwidth")
+    if level.net_latency:
+        out["net_latency"] = _q(level.net_latency, "time")
     out["source"] = source
     return out
 

@@ -19,7 +19,9 @@ The model, per (algorithm a, protocol p), time in us with sizes in bytes and ban
   reduce), tree x 1/2;
 - latency: baseLat(a, p) + per-hop hwLat(link, a, p) x steps: ring (nSteps - nInterSteps) intra hops and
   nInterSteps = 2(nNodes-1) (allreduce) or nNodes-1 network hops; tree 2((ppn-1) intra + log2(nNodes) network)
-  hops; NVLS one NVLS latency; the multi-node Simple ring plateau (x1.4, x1.9 before Ampere);
+  hops; NVLS one NVLS latency; the multi-node Simple ring plateau (x1.4, x1.9 before Ampere). A network hop also
+  carries the latency the network transport reports (graphs[a]->latencyInter, the level's `net_latency`: 0 for
+  NCCL's own IB transport, 75 us from AWS's plugin on p5 EFA), twice for Simple (the flush);
 - message size: NCCL runs a message on fewer channels when it is small (enqueue.cc: channels drop while
   n < channels x threads x threadThreshold), so a medium message gets min(busBw, per-channel busBw x
   n / (threads x threshold)); continuous here (NCCL steps one channel at a time), which keeps time monotone in
@@ -123,6 +125,7 @@ class Setup:
     ll128: bool
     peer_bw: float  # mean bandwidth to the peers (GB/s), for point-to-point operations
     fill: tuple[float, float] | None = None  # one-node pipeline fill (bytes, half size), FILL of the device's class
+    net_latency: float = 0.0  # us the outermost level's transport reports (NetworkLevel.net_latency), per network hop
 
     @property
     def n2(self) -> int:
@@ -161,6 +164,7 @@ def _make_setup(placed: Placed, hw: Hardware) -> Setup:
         channels=_channels(placed, ring_bw / speed),
         nvls_bw=None if nvls is None else nvls * 1e-9, ll128=has_ll128(hw.device.name),
         peer_bw=1e-9 / peer.beta, fill=fill_constants(hw.device.name),
+        net_latency=levels[outer].net_latency * 1e6 if outer > 0 else 0.0,
     )
 
 
@@ -189,7 +193,8 @@ def latency(op: str, algo: str, p: int, s: Setup) -> float:
     """tuning.cc ncclTopoTuneModel latency (us) of one (algorithm, protocol) for this communicator."""
     base = BASE_LAT[algo][p]
     intra = _hop(s, s.intra, algo, p)
-    inter = _hop(s, "net", "tree" if s.ppn == 1 else algo, p)
+    # tuning.cc: interLat = hwLat[NET] + graphs[a]->latencyInter, + latencyInter again for Simple ("the flush")
+    inter = _hop(s, "net", "tree" if s.ppn == 1 else algo, p) + s.net_latency * (2 if p == 2 else 1)
     if algo == "ring":
         nsteps = _nsteps(op, s.P)
         if op in ("broadcast", "reduce"):

@@ -12,7 +12,9 @@ Minimal form (accepted as it stands):
 `size` of a level is the number of devices in one domain of that level (8 GPUs per NVSwitch node); the
 outermost level has no size (it spans the whole cluster). Optional level keys: `efficiency` (achieved fraction of
 `bandwidth`), `links_per_domain` (NICs shared by one inner domain), `link` (nvlink | pci | net: NCCL's latency
-class, derived when absent, see link_kind) and `nvls_bandwidth` (measured NVLink SHARP all-reduce busbw).
+class, derived when absent, see link_kind), `nvls_bandwidth` (measured NVLink SHARP all-reduce busbw) and
+`net_latency` (the latency a network level's NCCL transport reports, which NCCL's tuner adds to every network hop;
+0 for NCCL's own InfiniBand/RoCE transport, set by a net plugin such as AWS's aws-ofi-nccl for EFA).
 
 Optional device keys: `launch_latency`, `efficiency` (per kernel class: peak, half or startup, source; a conv
 curve fitted per direct FLOP to a library's chosen algorithms may say `algorithm_choice: true`; an attention curve
@@ -341,6 +343,11 @@ class NetworkLevel:
     # Measured NVLink SHARP (NCCL_ALGO=NVLS) all-reduce bus bandwidth inside one domain of this level, B/s;
     # None = the switch has no NVLS (H100/H200-class NVSwitch and Blackwell's NVLink 5 switches have it).
     nvls_bandwidth: float | None = None
+    # Seconds the network transport reports as its latency (ncclNetProperties_t.latency), which NCCL's tuner adds to
+    # every network hop of every algorithm (tuning.cc: interLat += graphs[a]->latencyInter, and once more for Simple,
+    # "the flush extra latency"). NCCL's own IB/RoCE transport reports 0 (src/transport/net_ib/init.cc "props->latency
+    # = 0; // Not set"); a net plugin sets it for its fabric (aws-ofi-nccl: 75 us on p5.48xlarge EFA).
+    net_latency: float = 0.0
 
 
 LINK_KINDS = ("nvlink", "pci", "net")
@@ -389,7 +396,7 @@ _HOST_KEYS = ("cpu", "speed", "source", "cores")
 MAX_HOST_SPEED = 100.0  # single-thread speed over the reference CPU; more is a typo, not a CPU
 MIN_HOST_SPEED = 1 / MAX_HOST_SPEED  # and less: 1e-300 priced a launch at 1e295 s, 5e-324 at infinity (NaN steps)
 _LEVEL_KEYS = ("name", "size", "bandwidth", "latency", "efficiency", "links_per_domain", "channels", "link",
-               "nvls_bandwidth", "source")
+               "nvls_bandwidth", "net_latency", "source")
 _EFF_KEYS = ("peak", "half", "startup", "source", "tile", "tile_overhead_k", "algorithm_choice", "seq_half",
              "head_dim_64", "dtypes", "by_cudnn")
 # one curve of `by_cudnn` (a whole fused-attention curve, measured at that version; its source is required)
@@ -702,6 +709,7 @@ def _network(node: Any, file: str, line: int | None = None) -> tuple[NetworkLeve
             raise SpecError(expected="one of " + ", ".join(LINK_KINDS), found=link, file=file,
                             line=line_of(level, "link"), field=field_name(where, "link"))
         nvls = _quantity(level, "nvls_bandwidth", "bandwidth", file, where) if "nvls_bandwidth" in level else None
+        net_latency = _quantity(level, "net_latency", "time", file, where) if "net_latency" in level else 0.0
         levels.append(NetworkLevel(
             name=_text(level, "name", file, where),
             size=size,
@@ -712,6 +720,7 @@ def _network(node: Any, file: str, line: int | None = None) -> tuple[NetworkLeve
             channels=_positive_int(level, "channels", file, where) if "channels" in level else None,
             link=link,
             nvls_bandwidth=nvls,
+            net_latency=net_latency,
         ))
     return tuple(levels)
 
