@@ -74,6 +74,30 @@ def test_the_note_says_data_parallelism_does_not_fit_and_by_how_much(run):
                         notes[1]), notes
 
 
+def test_a_moe_model_left_without_degrees_is_trained_expert_parallel(run):
+    # Qwen3-30B-A3B fits on 8 B200s under data parallelism; its 128 experts then split over the ranks, the
+    # fastest expert-parallel degree, and the filled-in plan is no slower than the fastest one without experts split
+    code, out, err = run("predict", "qwen3-30b-a3b", "dgx-b200", "--gpus", "8", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["plan"]["ep"] == 8 and data["plan"]["dp"] == 8
+    assert data["notes"][1] == ("degrees not given: pure data parallelism dp=8 (the model fits), its experts split "
+                                "over ep=8 ranks (the fastest expert-parallel degree)")
+    model, hw = load_model("qwen3-30b-a3b"), load_hardware("dgx-b200")
+    without = [predict(model, hw, Plan(devices=8, dp=8 // tp, tp=tp, global_batch=8)) for tp in (1, 2, 4, 8)]
+    assert data["step_time_s"] < min(p.step_time_s for p in without if p.fits)
+
+
+def test_a_moe_model_that_needs_more_than_data_parallelism_still_gets_expert_parallelism(run):
+    code, out, err = run("predict", "mixtral-8x7b", "dgx-h100", "--gpus", "16", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["plan"]["ep"] > 1 and data["fits"]
+    assert re.fullmatch(r"degrees not given: pure data parallelism dp=16 does not fit \([\d.]+ GiB per device of "
+                        r"[\d.]+ GiB\); chose dp=\d+ tp=\d+ pp=\d+ ep=\d+( micro-batch \d+)? recompute=\w+ "
+                        r"\(fastest that fits\)", data["notes"][1]), data["notes"]
+
+
 # ------------------------------------------------------------------------------ 2. does not fit, loudly
 def test_a_plan_that_does_not_fit_is_a_note_a_warning_and_exit_1(run):
     code, out, err = run("predict", "resnet50", "dgx1-v100", "--global-batch", "168", "--format", "json")

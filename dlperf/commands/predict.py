@@ -367,7 +367,8 @@ def compare(model: str, hardware: str, sets: tuple[str, ...], devices: int, glob
     rows = []
     for name, plan, result, why in strategy_plans(spec, hw, devices, global_batch, dtype):
         row = {"strategy": name, "dp": plan.data_parallel if plan else None, "tp": plan.tp if plan else None,
-               "pp": plan.pp if plan else None, "micro_batch": plan.micro if plan else None}
+               "pp": plan.pp if plan else None, "ep": plan.ep if plan else None,
+               "micro_batch": plan.micro if plan else None}
         if result is None:
             row.update(step_time_s=None, samples_per_s=None, mfu=None, memory_gib=None, fits=False, note=why)
         else:
@@ -375,4 +376,6 @@ def compare(model: str, hardware: str, sets: tuple[str, ...], devices: int, glob
                        mfu=result.mfu, memory_gib=result.memory_bytes_per_device / 2**30, fits=result.fits,
                        note=why)
         rows.append(row)
+    if not any(row["ep"] and row["ep"] > 1 for row in rows):  # the column says something only for a MoE plan
+        rows = [{k: v for k, v in row.items() if k != "ep"} for row in rows]
     click.echo(render(rows, fmt, title=f"{spec.name} on {devices} x {hw.device.name}, global batch {global_batch}"))
