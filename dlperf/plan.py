@@ -30,6 +30,20 @@ RECOMPUTE_MODULES = ("layernorm", "mla_up_proj", "moe_act")
 # ways, legs overlapped as DeepEP's, 32 SMs: dlperf.engine.context.HYBRIDEP_SMS).
 EP_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 FP8_SCALINGS = ("delayed", "current")  # the fp8 recipe's scales: from an amax history, or from the tensor cast
+# Which FP8 copies of a weight the fp8 recipe keeps between the per-step cast and its GEMMs (dlperf.ops.fp8
+# weight_copy_bytes): "cached", the FP8 weight and its FP8 transpose (Transformer Engine caches both across a
+# step's micro-batches, Hopper's FP8 GEMMs taking only the TN layout); "per_use", one FP8 copy, transposed by a
+# kernel of its own before each GEMM that reads the other layout, as DeepSeek-V3's own training framework does
+# (deepseek-ai/profile-data @4496024 train.json, one DualPipe forward/backward chunk pair at the DeepSeek-V3
+# pre-training settings: no weight is quantized inside either chunk, and `batched_transpose<512, 128, 1, 1>`
+# kernels over FP8 bytes, each the size of a weight, run before the routed experts' forward grouped GEMMs and
+# before every other FP8 linear's data-gradient GEMM).
+FP8_WEIGHT_TRANSPOSES = ("cached", "per_use")
+# The dtype an optimizer keeps its moments in (Adam's first and second, momentum SGD's buffer): fp32, or bf16 as
+# DeepSeek-V3 does ("We adopt the BF16 data format instead of FP32 to track the first and second moments in the
+# AdamW optimizer ... the master weights (stored by the optimizer) and gradients (used for batch size
+# accumulation) are still retained in FP32", arXiv:2412.19437 Sec. 3.3.3, "Low-Precision Optimizer States").
+MOMENT_DTYPES = ("fp32", "bf16")
 # Which MXFP8 GEMM operands have their scales swizzled for cuBLASLt by kernels of their own (dlperf.ops.fp8._SWIZZLED):
 # "quantize", Transformer Engine >= 2.12 (the quantizers write activations' and gradients' scales swizzled; weights
 # and sequence-parallel gathers are swizzled per GEMM); "gemm", Transformer Engine < 2.12 (both operands of every GEMM).
@@ -105,12 +119,14 @@ class Plan:
     staleness: int = 0
     dtype: str | None = None             # None = the model's dtype
     optimizer: str = "adam"
+    moment_dtype: str = "fp32"           # dtype of the optimizer's moments (MOMENT_DTYPES)
     parameter_server: int = 0            # >0: data parallelism through that many sharded servers instead
     grad_dtype: str | None = None        # None = the compute dtype's storage type
     hybrid_fc: bool = False              # Krizhevsky 2014: data-parallel convolutions, model-parallel FC head
     tp_overlap: bool = False             # tp all-gather/reduce-scatter pipelined with the GEMMs (needs SP)
     fp8_param_gather: bool = False       # ZeRO parameter all-gathers in FP8, MXFP8's in bf16 (needs an FP8 recipe)
     fp8_scaling: str = "delayed"         # how the fp8 recipe takes its scales (FP8_SCALINGS)
+    fp8_weight_transpose: str = "cached"  # FP8 weight copies: with transposes, or one (FP8_WEIGHT_TRANSPOSES)
     mx_swizzle: str = "quantize"         # which mxfp8 GEMM operands are swizzled by kernels of their own (MX_SWIZZLES)
     ep: int = 1                          # expert parallelism: experts sharded over ep ranks of the dp*cp group
     cp: int = 1                          # context parallelism: each sequence split over cp ranks
@@ -291,12 +307,23 @@ def _check_activation_knobs(plan: Plan) -> None:
     if plan.fp8_scaling != "delayed" and plan.dtype != "fp8":
         raise PlanError(f"--fp8-scaling {plan.fp8_scaling} is how the per-tensor FP8 recipe scales (mxfp8 and nvfp4 "
                         "carry block scales)", expected="--dtype fp8", found=plan.dtype)
+    check_fp8_weight_transpose(plan.fp8_weight_transpose, plan.dtype)
     _choice("mx_swizzle", plan.mx_swizzle, MX_SWIZZLES)
     if plan.mx_swizzle != "quantize" and plan.dtype != "mxfp8":
         raise PlanError(f"--mx-swizzle {plan.mx_swizzle} is how the MXFP8 recipe lays out its block scales",
                         expected="--dtype mxfp8", found=plan.dtype)
     if plan.ep_dispatcher != "alltoall" and plan.ep == 1:
         raise PlanError(f"--ep-dispatcher {plan.ep_dispatcher} moves expert tokens: it needs ep > 1", found=plan.ep)
+
+
+def check_fp8_weight_transpose(value: Any, dtype: str | None) -> None:
+    """One of FP8_WEIGHT_TRANSPOSES; per_use transposes the per-tensor FP8 recipe's one weight copy, so it needs
+    that recipe (MXFP8 and NVFP4 quantize their column-wise copies from the 16-bit weight on their own)."""
+    _choice("fp8_weight_transpose", value, FP8_WEIGHT_TRANSPOSES)
+    if value != "cached" and dtype != "fp8":
+        raise PlanError(f"--fp8-weight-transpose {value} transposes the per-tensor FP8 recipe's weight copy (mxfp8 "
+                        "and nvfp4 quantize their column-wise copies on their own)", expected="--dtype fp8",
+                        found=dtype)
 
 
 def _check_offload(plan: Plan) -> None:
@@ -428,6 +455,10 @@ def validate(plan: Plan, heads: int | None = None, layers: int | None = None) ->
     _choice("schedule", plan.schedule, SCHEDULES)
     _choice("recompute", plan.recompute, RECOMPUTE)
     _choice("optimizer", plan.optimizer, OPTIMIZERS)
+    _choice("moment_dtype", plan.moment_dtype, MOMENT_DTYPES)
+    if plan.moment_dtype != "fp32" and plan.optimizer == "sgd":
+        raise PlanError(f"--moment-dtype {plan.moment_dtype} is the dtype of the optimizer's moments: plain SGD "
+                        "keeps none", expected="--optimizer momentum or adam", found=plan.optimizer)
     _choice("consistency", plan.consistency, CONSISTENCY)
     if plan.dtype is not None:
         _choice("dtype", plan.dtype, DTYPES)

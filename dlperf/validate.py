@@ -89,7 +89,7 @@ _BOOL_FIELDS = ("sequence_parallel", "overlap", "hybrid_fc", "tp_overlap", "fp8_
                 "fp8_activations", "p2p_overlap")
 _STR_FIELDS = ("schedule", "recompute", "compression", "consistency", "dtype", "optimizer", "grad_dtype",
                "cp_algorithm", "zero_impl", "dp_impl", "ep_dispatcher", "memory_format", "data_backend",
-               "fp8_scaling", "mx_swizzle", "optimizer_impl")
+               "fp8_scaling", "mx_swizzle", "optimizer_impl", "moment_dtype", "fp8_weight_transpose")
 _NAME_LIST_FIELDS = ("recompute_modules", "input_ops", "grad_passes", "cuda_graphs")
 _FLOAT_FIELDS = ("moe_imbalance",)
 

@@ -23,7 +23,9 @@ from dlperf.plan import (
     DTYPES,
     EP_DISPATCHERS,
     FP8_SCALINGS,
+    FP8_WEIGHT_TRANSPOSES,
     GRAD_DTYPES,
+    MOMENT_DTYPES,
     MX_SWIZZLES,
     OPTIMIZER_IMPLS,
     ZERO_IMPLS,
@@ -148,6 +150,11 @@ def plan_options(fn: Callable) -> Callable:
                      help="With --dtype fp8: scales from an amax history (Transformer Engine's DelayedScaling) or "
                           "from each tensor as it is cast (Float8CurrentScaling, Megatron-Bridge's FP8-CS: an amax "
                           "pass and a scale kernel before every cast, per expert in a grouped GEMM)."),
+        click.option("--fp8-weight-transpose", type=click.Choice(list(FP8_WEIGHT_TRANSPOSES)), default="cached",
+                     show_default=True,
+                     help="With --dtype fp8: keep each weight's FP8 copy and its FP8 transpose (Transformer "
+                          "Engine), or one FP8 copy transposed by a kernel before each GEMM that reads the other "
+                          "layout, every micro-batch (per_use: DeepSeek-V3's framework, deepseek-ai/profile-data)."),
         click.option("--mx-swizzle", type=click.Choice(list(MX_SWIZZLES)), default="quantize", show_default=True,
                      help="With --dtype mxfp8: which GEMM operands have their block scales swizzled for cuBLASLt by "
                           "kernels of their own: the weights and sequence-parallel gathers (Transformer Engine >= "
@@ -168,6 +175,9 @@ def plan_options(fn: Callable) -> Callable:
                      help="Use N sharded parameter servers instead of allreduce (0 = allreduce)."),
         click.option("--optimizer", type=click.Choice(["sgd", "momentum", "adam"]), default="adam",
                      show_default=True, help="Optimizer update rule."),
+        click.option("--moment-dtype", type=click.Choice(list(MOMENT_DTYPES)), default="fp32", show_default=True,
+                     help="Dtype of the optimizer's moments (Adam's two, momentum's buffer); bf16 as DeepSeek-V3 "
+                          "keeps AdamW's (Sec. 3.3.3; master weights stay fp32)."),
         click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's)."),
         click.option("--grad-dtype", type=GRAD_DTYPE_CHOICES, default=None,
                      help="Dtype gradients are reduced and kept in (default: the compute dtype's storage type; fp32 "
@@ -201,6 +211,8 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         parameter_server=opts.get("parameter_server", 0), optimizer=opts.get("optimizer", "adam"),
         hybrid_fc=opts.get("hybrid_fc", False), tp_overlap=opts.get("tp_overlap", False),
         fp8_param_gather=opts.get("fp8_param_gather", False), fp8_scaling=opts.get("fp8_scaling") or "delayed",
+        fp8_weight_transpose=opts.get("fp8_weight_transpose") or "cached",
+        moment_dtype=opts.get("moment_dtype") or "fp32",
         mx_swizzle=opts.get("mx_swizzle") or "quantize", cudnn=opts.get("cudnn"),
         dtype=opts.get("dtype"), grad_dtype=opts.get("grad_dtype"),
         ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",

@@ -19,6 +19,7 @@ from dlperf.commands.common import (
     wrote,
 )
 from dlperf.commands.predict import BATCH, DTYPE_CHOICES, _load, build_plan, plan_options
+from dlperf.plan import FP8_WEIGHT_TRANSPOSES, MOMENT_DTYPES
 from dlperf.report import render, to_json
 
 BREAKDOWN_COLUMNS = ["compute/forward", "compute/backward", "compute/recompute", "compute/grad_accumulation",
@@ -85,6 +86,11 @@ def _memory_option(text: str | None) -> float | None:
 @click.option("--dtype", type=DTYPE_CHOICES, default=None, help="Compute dtype (default: the model's).")
 @click.option("--cudnn", default=None, metavar="VERSION",
               help="cuDNN version fused attention runs, e.g. 9.13.1 (as `dlperf predict --cudnn`).")
+@click.option("--moment-dtype", type=click.Choice(list(MOMENT_DTYPES)), default="fp32", show_default=True,
+              help="Dtype of the optimizer's moments (as `dlperf predict --moment-dtype`).")
+@click.option("--fp8-weight-transpose", type=click.Choice(list(FP8_WEIGHT_TRANSPOSES)), default="cached",
+              show_default=True, help="With --dtype fp8: FP8 weight copies kept (as `dlperf predict "
+                                      "--fp8-weight-transpose`).")
 @click.option("--cuda-graphs", default="", metavar="SCOPE[,SCOPE]",
               help="Modules every plan runs under CUDA graphs, e.g. attn,moe_router (as `dlperf predict "
                    "--cuda-graphs`). Default: eager.")
@@ -92,9 +98,9 @@ def _memory_option(text: str | None) -> float | None:
 def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, global_batch: int, top: int,
            max_step_time: float | None, max_memory: str | None, objective: str, max_micro_batch: int,
            uneven_stages: bool, ep_degrees: str | None, cp_degrees: str, cp_algorithm: str, dtype: str | None,
-           cudnn: str | None, cuda_graphs: str, fmt: str) -> None:
+           cudnn: str | None, moment_dtype: str, fp8_weight_transpose: str, cuda_graphs: str, fmt: str) -> None:
     """Enumerate parallel plans for MODEL on HARDWARE, keep those that fit, print the best."""
-    from dlperf.plan import Plan, check_cuda_graphs, cudnn_version
+    from dlperf.plan import Plan, check_cuda_graphs, check_fp8_weight_transpose, cudnn_version
     from dlperf.search import SearchSpace, parse_gpu_list, terminal_progress
     from dlperf.search import search as run
 
@@ -102,13 +108,15 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
         cudnn_version(cudnn, "--cudnn")
     graphs = name_list(cuda_graphs)
     check_cuda_graphs(graphs)  # refused here too, for the same reason
+    check_fp8_weight_transpose(fp8_weight_transpose, dtype)
     spec, hw = _load(model, hardware, sets)
     space = SearchSpace(max_micro_batch=max_micro_batch, uneven_stages=uneven_stages,
                         ep=_degrees("--ep", ep_degrees) if ep_degrees else None, cp=_degrees("--cp", cp_degrees))
     counts = parse_gpu_list(devices)
     result = run(spec, hw, counts if len(counts) > 1 else counts[0], global_batch, objective=objective,
-                 max_memory=_memory_option(max_memory), base=Plan(dtype=dtype, cp_algorithm=cp_algorithm, cudnn=cudnn,
-                                                                   cuda_graphs=graphs),
+                 max_memory=_memory_option(max_memory),
+                 base=Plan(dtype=dtype, cp_algorithm=cp_algorithm, cudnn=cudnn, cuda_graphs=graphs,
+                           moment_dtype=moment_dtype, fp8_weight_transpose=fp8_weight_transpose),
                  space=space,
                  progress=terminal_progress("searching plans"), max_step_time=max_step_time)
     rows = result.rows(top)
@@ -271,7 +279,7 @@ def _closed_form_lines(spec: Any, hw: Any, plan: Any, dtype: str) -> list[str]:
     from dlperf.units import format_quantity
 
     forms = elasticities(spec, hw.for_cudnn(plan.cudnn), dtype, plan.micro, plan.memory_format == "nchw",
-                         plan.fp8_scaling, plan.mx_swizzle)
+                         plan.fp8_scaling, plan.mx_swizzle, plan.fp8_weight_transpose)
     lines = [f"closed form T(B) (one device, forward+backward of a micro-batch, B = {plan.micro}: "
              f"{format_quantity(forms['T_value'], 'time')}; `dlperf predict --symbolic` prints it), its derivatives:"]
     lines += [f"  d ln T / d ln {label:<26} = {value:+.3f}" for label, value in forms.items() if label != "T_value"]

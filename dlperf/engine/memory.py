@@ -5,7 +5,10 @@ so that a plan that "fits" leaves room for it (the device's memory_reserved and 
 
 Model states per parameter (Rajbhandari et al. 2020, ZeRO, section 3.1): mixed-precision Adam keeps 2 B weights,
 2 B gradients and 12 B optimizer state (fp32 master weights, momentum, variance) = 16 B; fp32 Adam 4 + 4 + 8.
-ZeRO-1 shards the optimizer state over dp, ZeRO-2 also the gradients, ZeRO-3 also the weights.
+ZeRO-1 shards the optimizer state over dp, ZeRO-2 also the gradients, ZeRO-3 also the weights. The plan's
+grad_dtype sets the gradients' bytes and its moment_dtype the moments' (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3.3:
+fp32 master weights and gradients, bf16 Adam moments: 2 + 4 + (4 + 2 + 2) bytes under an FP8 recipe, plus its FP8
+weight copies).
 """
 
 from __future__ import annotations
@@ -25,10 +28,14 @@ DDP_BUFFER_BYTES = 2 * DDP_BUCKET_BYTES  # two gradient buckets in flight
 MIXED = ("fp16", "bf16", *RECIPES)
 
 
-def optimizer_bytes(optimizer: str, dtype: str) -> int:
-    """Optimizer state per parameter; mixed precision adds a 4-byte fp32 master copy of the weights."""
-    states = {"sgd": 0, "momentum": 4, "adam": 8}[optimizer]
-    return states + (4 if dtype in MIXED else 0)
+MOMENTS = {"sgd": 0, "momentum": 1, "adam": 2}  # tensors the optimizer keeps per parameter beside the weights
+
+
+def optimizer_bytes(optimizer: str, dtype: str, moment_dtype: str = "fp32") -> int:
+    """Optimizer state per parameter: its moments (momentum SGD's buffer; Adam's first and second moments) in
+    `moment_dtype` (fp32, or bf16 as DeepSeek-V3 keeps Adam's, arXiv:2412.19437 Sec. 3.3.3); mixed precision adds
+    a 4-byte fp32 master copy of the weights."""
+    return MOMENTS[optimizer] * element_bytes(moment_dtype) + (4 if dtype in MIXED else 0)
 
 
 def model_state_bytes(params: Any, plan: Plan, dtype: str, fp8_params: Any = None) -> dict[str, Any]:
@@ -59,7 +66,7 @@ def model_state_bytes(params: Any, plan: Plan, dtype: str, fp8_params: Any = Non
     states = {
         "weights": sixteen_bit * weight / shard["weight"],
         "gradients": params * grad / shard["grad"],
-        "optimizer": params * optimizer_bytes(plan.optimizer, dtype) / shard["opt"],
+        "optimizer": params * optimizer_bytes(plan.optimizer, dtype, plan.moment_dtype) / shard["opt"],
     }
     if is_recipe(dtype):
         states["fp8_weights"] = fp8 * _fp8_copy_bytes(plan, dtype) / shard["weight"]
@@ -82,13 +89,14 @@ def _torch_fsdp_shards(plan: Plan, dtype: str) -> bool:
 
 
 def _fp8_copy_bytes(plan: Plan, dtype: str) -> float:
-    """Per parameter, the resident FP8 copy of a weight: TE's cached copies (dlperf.ops.fp8.weight_copy_bytes), or
-    under Megatron-Core's FSDP with fp8_param_gather its sharded FP8 weight buffer, which holds a transpose buffer
-    only for MXFP8 (fp8_need_transpose_data, megatron_fsdp/mixed_precision.py @3758b54b lines 183-185, read at
+    """Per parameter, the resident FP8 copy of a weight: TE's cached copies (dlperf.ops.fp8.weight_copy_bytes; one
+    under the plan's fp8_weight_transpose per_use, DeepSeek-V3's), or under Megatron-Core's FSDP with
+    fp8_param_gather its sharded FP8 weight buffer, which holds a transpose buffer only for MXFP8
+    (fp8_need_transpose_data, megatron_fsdp/mixed_precision.py @3758b54b lines 183-185, read at
     param_and_grad_buffer.py lines 2074-2126): per-tensor FP8 keeps 1 byte per parameter."""
     if plan.zero >= 3 and plan.zero_impl == "megatron-fsdp" and plan.fp8_param_gather and dtype == "fp8":
         return OPERAND_BYTES["fp8"]
-    return weight_copy_bytes(dtype)
+    return weight_copy_bytes(dtype, plan.fp8_weight_transpose)
 
 
 def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], dtype: str,

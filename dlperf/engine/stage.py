@@ -164,18 +164,19 @@ def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
 def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any,
                 fp8: bool = False, ep: int = 1, dispatcher: str = "alltoall", nchw: bool = False,
                 fallback: bool = True, scaling: str = "delayed", swizzle: str = "quantize",
-                sp_dim: str | None = None) -> list[Kernel]:
+                sp_dim: str | None = None, transpose: str = "cached") -> list[Kernel]:
     """The layer's kernels; with `fp8` (an FP8 recipe's layer) its weight GEMMs in FP8 with their casts; a MoE
     layer under expert parallelism keeps experts / ep on a device (its grouped GEMMs read fewer weights) and
     does the bookkeeping of its token `dispatcher`; with `nchw` (activations in PyTorch's default NCHW layout) a
     tensor-core convolution also pays cuDNN's layout transposes (dlperf.ops.conv.layout_transpose_kernel). An
     attention layer with `softmax: megatron` runs Megatron's PyTorch softmax where its fused kernel refuses the
     micro-batch and heads per rank (dlperf.ops.dense.softmax_for_rank; `fallback` False keeps the fused one).
-    `scaling` is the fp8 recipe's (dlperf.ops.fp8.FP8_SCALINGS), `swizzle` the mxfp8 recipe's (MX_SWIZZLES), and
-    `sp_dim` the use's tensor-parallel dimension when sequence parallelism gathers its operands (None: it does not)."""
+    `scaling` is the fp8 recipe's (dlperf.ops.fp8.FP8_SCALINGS), `swizzle` the mxfp8 recipe's (MX_SWIZZLES),
+    `sp_dim` the use's tensor-parallel dimension when sequence parallelism gathers its operands (None: it does not),
+    and `transpose` which FP8 weight copies the recipe keeps (dlperf.plan.FP8_WEIGHT_TRANSPOSES)."""
     if use.layer.op == "moe" and ep > 1:
         kernels = list(moe_kernels(use.layer, batch, e, use.layer["experts"] // ep, dispatcher))
-        return fp8_kernels(kernels, e, dtype, scaling, swizzle, sp_dim) if fp8 else kernels
+        return fp8_kernels(kernels, e, dtype, scaling, swizzle, sp_dim, transpose) if fp8 else kernels
     kernels = list(OPS[use.layer.op].kernels(use.layer, batch, e))
     if fallback:
         kernels = softmax_for_rank(use.layer, kernels, batch, e, divisor)
@@ -184,22 +185,23 @@ def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
         kernels[0] = conv_choice(use, batch, e, hw, storage_dtype(dtype), divisor)[0]
         if nchw and dtype in TENSOR_CORE_DTYPES:  # NCHW tensors on tensor cores: cuDNN's layout transposes
             kernels.append(layout_transpose_kernel(use.layer, batch, e))
-    return fp8_kernels(kernels, e, dtype, scaling, swizzle, sp_dim) if fp8 else kernels
+    return fp8_kernels(kernels, e, dtype, scaling, swizzle, sp_dim, transpose) if fp8 else kernels
 
 
 def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp: int, sp: bool,
                recompute: str, comm_time: Any, fp8: frozenset = frozenset(), tp_overlap: bool = False,
                par: Parallel | None = None, memo: dict | None = None,
                acts: ActivationPolicy | None = None, nchw: bool = False, scaling: str = "delayed",
-               swizzle: str = "quantize", graphs: Graphs | None = None) -> StageCost:
+               swizzle: str = "quantize", graphs: Graphs | None = None, transpose: str = "cached") -> StageCost:
     """Sum the layers' kernels at micro-batch `batch`; `comm_time(op, nbytes)` prices tp collectives. Under
     dtype fp8, the layers in `fp8` run their weight GEMMs in FP8 (dlperf.ops.fp8); with `tp_overlap` each
     layer's tp collectives hide behind its GEMMs (dlperf.engine.overlap); `par` adds expert and context
     parallelism (None: neither); `memo` keeps kernel times across calls on the same hardware (search prices the
     same kernels for thousands of plans); `acts` recomputes parts of layers and caches activations in FP8
-    (dlperf.ops.recompute; None: neither); `nchw` keeps activations NCHW; `scaling` and `swizzle` are the fp8 and
-    mxfp8 recipes' (use_kernels); `graphs` the modules captured as CUDA graphs, whose kernels and collectives cost
-    the host nothing and whose replays one dispatch each (dlperf.engine.cuda_graphs; None: eager)."""
+    (dlperf.ops.recompute; None: neither); `nchw` keeps activations NCHW; `scaling`, `swizzle` and `transpose` are
+    the fp8 and mxfp8 recipes' (use_kernels); `graphs` the modules captured as CUDA graphs, whose kernels and
+    collectives cost the host nothing and whose replays one dispatch each (dlperf.engine.cuda_graphs; None:
+    eager)."""
     out = StageCost()
     par = par or Parallel()
     acts = acts or ActivationPolicy()
@@ -214,7 +216,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         core = [0.0, 0.0]  # this layer's attention-core seconds, which a ring exchange overlaps
         sp_dim = use.tp_dim if sp and tp > 1 else None
         for kernel in _use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), in_fp8,
-                                   par.ep, par.ep_dispatcher, memo, nchw, (scaling, swizzle, sp_dim)):
+                                   par.ep, par.ep_dispatcher, memo, nchw, (scaling, swizzle, sp_dim), transpose):
             split = divisor if (kernel.split or sp) else 1
             kernel = _cp_kernel(kernel, _cp_split(use, kernel, par))
             fwd, bwd, host_fwd, host_bwd = _kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split,
@@ -359,15 +361,17 @@ def _weight_share(kernel: Kernel) -> Any:
 
 
 def _use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any, fp8: bool, ep: int,
-                 dispatcher: str, memo: dict | None, nchw: bool, quant: tuple[str, str, str | None]) -> list[Kernel]:
+                 dispatcher: str, memo: dict | None, nchw: bool, quant: tuple[str, str, str | None],
+                 transpose: str = "cached") -> list[Kernel]:
     """use_kernels, looked up in `memo` (one dict per hardware) when given, keyed on what it reads of the use:
-    its layer and, for a convolution's algorithm choice, its tp dimension; `quant` is (scaling, swizzle, sp_dim)."""
+    its layer and, for a convolution's algorithm choice, its tp dimension; `quant` is (scaling, swizzle, sp_dim),
+    `transpose` the FP8 weight copies kept (use_kernels)."""
     scaling, swizzle, sp_dim = quant
-    key = ("use_kernels", use.layer, use.row, batch, e, dtype, divisor, fp8, ep, dispatcher, nchw, quant)
+    key = ("use_kernels", use.layer, use.row, batch, e, dtype, divisor, fp8, ep, dispatcher, nchw, quant, transpose)
     kernels = None if memo is None else memo.get(key)
     if kernels is None:
         kernels = use_kernels(use, batch, e, hw, dtype, divisor, fp8, ep, dispatcher, nchw, scaling=scaling,
-                              swizzle=swizzle, sp_dim=sp_dim)
+                              swizzle=swizzle, sp_dim=sp_dim, transpose=transpose)
         if memo is not None:
             memo[key] = kernels
     return kernels

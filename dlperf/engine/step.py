@@ -233,7 +233,7 @@ class StepModel:
                                          plan.sequence_parallel, plan.recompute, self._tp_comm(plan.tp),
                                          self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan),
                                          self._kernel_times, self._policy(plan), plan.memory_format == "nchw",
-                                         plan.fp8_scaling, plan.mx_swizzle, _graphs(plan))
+                                         plan.fp8_scaling, plan.mx_swizzle, _graphs(plan), plan.fp8_weight_transpose)
         return self._cost[key]
 
     def _policy(self, plan: Plan) -> ActivationPolicy | None:
@@ -345,7 +345,8 @@ class StepModel:
         bubble = (sum(passes[id(s)].fwd + passes[id(s)].bwd for s in stages) - (t.fwd + t.bwd)) / v
         dp_total, dp_exposed = self._dp_over_stages(plan, stages, slow, dtype, m)
         optimizer = _optimizer_time_split(self.hw, plan, params, max(stages, key=lambda s: s.params).expert_params,
-                                          self._fp8_cast_bytes(params, dtype), (loop_launches(self.model, plan), dtype))
+                                          self._fp8_cast_bytes(params, plan, dtype),
+                                          (loop_launches(self.model, plan), dtype))
         optimizer = update_step_time(self.model, self.hw, plan, dtype, params, optimizer)
         metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
@@ -408,7 +409,7 @@ class StepModel:
         dp_total, dp_exposed = self._dp_over_stages(twin, own, own[rank], dtype, m / 2, _twin_starts(plan))
         heaviest = max(devices, key=lambda d: d.params)
         optimizer = _optimizer_time_split(self.hw, twin, heaviest.params, heaviest.expert_params,
-                                          self._fp8_cast_bytes(heaviest.params, dtype),
+                                          self._fp8_cast_bytes(heaviest.params, plan, dtype),
                                           (loop_launches(self.model, plan), dtype))
         optimizer = update_step_time(self.model, self.hw, plan, dtype, heaviest.params, optimizer)
         metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
@@ -445,9 +446,12 @@ class StepModel:
             self._twins[key] = ([stages[r] + stages[pp - 1 - r] for r in range(pp // 2)], stages)
         return self._twins[key][0]
 
-    def _fp8_cast_bytes(self, params: Any, dtype: str) -> Any:
-        """Bytes the per-step cast of `params` weights to their FP8 copies moves (0 outside an FP8 recipe)."""
-        return params * self.fp8_share * weight_cast_bytes(dtype) if is_recipe(dtype) else 0
+    def _fp8_cast_bytes(self, params: Any, plan: Plan, dtype: str) -> Any:
+        """Bytes the per-step cast of `params` weights to their FP8 copies moves (0 outside an FP8 recipe): the
+        copies the plan's fp8_weight_transpose keeps."""
+        if not is_recipe(dtype):
+            return 0
+        return params * self.fp8_share * weight_cast_bytes(dtype, plan.fp8_weight_transpose)
 
     def _passes(self, plan: Plan, stage: StageCost, dtype: str, m: Any) -> Passes:
         """A stage's forward and backward pass per micro-batch (StageCost.passes) with what the plan adds: the
@@ -1127,7 +1131,8 @@ def _stage_cost_key(plan: Plan, dtype: str) -> tuple:
     """What stage_cost reads of a plan: every memo of stage costs (StepModel.stages, _cost_of, _summed_cost) keys
     on this one tuple, so that a field the kernels come to depend on is added once for all of them."""
     return (plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap, plan.memory_format,
-            plan.fp8_scaling, plan.mx_swizzle, plan.cudnn, *_ep_cp_key(plan), *_acts_key(plan), *_graphs_key(plan))
+            plan.fp8_scaling, plan.mx_swizzle, plan.fp8_weight_transpose, plan.cudnn, *_ep_cp_key(plan),
+            *_acts_key(plan), *_graphs_key(plan))
 
 
 def _graphs_key(plan: Plan) -> tuple:
@@ -1181,7 +1186,7 @@ def _optimizer_time(hw: Hardware, plan: Plan, params: Any, fp8_cast: Any = 0, lo
     updated weights to their cached FP8 copies (dlperf.ops.fp8), one memory-bound pass per step. `loop` is
     (kernels per parameter, compute dtype) of a per-tensor step (dlperf.engine.optimizer_loop), which launches
     those kernels instead of one."""
-    nbytes, flops = OPTIMIZER_COST[plan.optimizer]
+    nbytes, flops = optimizer_traffic(plan), OPTIMIZER_COST[plan.optimizer][1]
     shard = plan.data_parallel if plan.zero >= 1 else 1
     bw = hw.device.achieved_memory_bandwidth()
     traffic = params / shard * max(nbytes / bw, flops / hw.device.peak("fp32"))
@@ -1190,6 +1195,13 @@ def _optimizer_time(hw: Hardware, plan: Plan, params: Any, fp8_cast: Any = 0, lo
     resident = plan.data_parallel if plan.zero >= 3 else 1  # ZeRO-3 keeps (and casts) a shard of the weights
     cast = fp8_cast / resident / bw + hw.device.launch_latency if fp8_cast else 0.0
     return update + cast
+
+
+def optimizer_traffic(plan: Plan) -> int:
+    """Bytes the update reads and writes per parameter: OPTIMIZER_COST's, with each moment read and written in the
+    plan's moment_dtype instead of fp32 (bf16 Adam moments, DeepSeek-V3 Sec. 3.3.3: 28 - 2 x 2 x 2 = 20 bytes)."""
+    saved = mem.MOMENTS[plan.optimizer] * 2 * (element_bytes("fp32") - element_bytes(plan.moment_dtype))
+    return OPTIMIZER_COST[plan.optimizer][0] - saved
 
 
 def _weight_dtype(dtype: str) -> str:

@@ -32,21 +32,23 @@ B, F, F32, M, LAM = sympy.symbols("B F F32 M lam", positive=True)
 
 
 def step_time_expr(model: Model, hw: Hardware, dtype: str, choose_at: int = 1, nchw: bool = False,
-                   scaling: str = "delayed", swizzle: str = "quantize") -> Any:
+                   scaling: str = "delayed", swizzle: str = "quantize", transpose: str = "cached") -> Any:
     """Single-device step time in B, F, F32, M, lam (forward + backward; Hockney efficiency per kernel).
     Convolution algorithms left on `auto` are those cuDNN-style choice picks at B = choose_at, and GEMM tile
     and wave quantization (a step function of B) is the constant factor it has at B = choose_at; `nchw`: the
     plan's memory_format is nchw (layout transposes around tensor-core convolutions, stage.use_kernels);
-    `scaling` and `swizzle`: the plan's fp8_scaling and mx_swizzle (stage.use_kernels)."""
+    `scaling`, `swizzle` and `transpose`: the plan's fp8_scaling, mx_swizzle and fp8_weight_transpose
+    (stage.use_kernels)."""
     e = element_bytes(dtype)
     fp8 = fp8_layers(model.root) if is_recipe(dtype) else frozenset()
     total = sympy.Integer(0)
     for layer, count in model.counted():
         use = Use(layer, count, False)
-        kernels = use_kernels(use, B, e, hw, dtype, 1, layer in fp8, nchw=nchw, scaling=scaling, swizzle=swizzle)
+        kernels = use_kernels(use, B, e, hw, dtype, 1, layer in fp8, nchw=nchw, scaling=scaling, swizzle=swizzle,
+                              transpose=transpose)
         # the fused softmax at B = choose_at too: which softmax Megatron runs depends on B, which is a symbol here
         at_choice = use_kernels(use, choose_at, e, hw, dtype, 1, layer in fp8, nchw=nchw, fallback=False,
-                                scaling=scaling, swizzle=swizzle)
+                                scaling=scaling, swizzle=swizzle, transpose=transpose)
         if layer.op == "conv2d":
             kernels[0] = algorithm_kernel(layer, conv_choice(use, choose_at, e, hw, storage_dtype(dtype), 1)[1],
                                           B, e)
@@ -82,11 +84,11 @@ def _kernel_expr(kernel: Any, hw: Hardware, dtype: str, quantization: tuple[Any,
 
 
 def closed_form(model: Model, hw: Hardware, dtype: str, choose_at: int = 1, nchw: bool = False,
-                scaling: str = "delayed", swizzle: str = "quantize") -> dict[str, Any]:
+                scaling: str = "delayed", swizzle: str = "quantize", transpose: str = "cached") -> dict[str, Any]:
     cost = model_cost(model, B, dtype)
     work, depth = sympy.expand(cost.work), sympy.expand(cost.total_depth)
-    return {"T_step": step_time_expr(model, hw, dtype, choose_at, nchw, scaling, swizzle), "W": work, "D": depth,
-            "W/D": sympy.simplify(work / depth)}
+    return {"T_step": step_time_expr(model, hw, dtype, choose_at, nchw, scaling, swizzle, transpose), "W": work,
+            "D": depth, "W/D": sympy.simplify(work / depth)}
 
 
 def resolve_bounds(expr: Any, values: dict[Any, float]) -> Any:
@@ -118,7 +120,7 @@ def symbolic_view(model: Model, hw: Hardware, plan: Any, full: bool = False) -> 
     values = {F: hw.device.peak(dtype), F32: hw.device.peak("fp32"), M: hw.device.memory_bandwidth,
               LAM: hw.device.launch_latency, B: plan.micro}
     forms = closed_form(model, hw, dtype, plan.micro, plan.memory_format == "nchw", plan.fp8_scaling,
-                        plan.mx_swizzle)
+                        plan.mx_swizzle, plan.fp8_weight_transpose)
     t_micro = forms["T_step"] if full else resolve_bounds(forms["T_step"], values)
     m = plan.micro_batches
     passes = result.breakdown_s.get("compute/forward", 0.0) + result.breakdown_s.get("compute/backward", 0.0)
@@ -176,7 +178,7 @@ def symbolic_text(view: dict[str, Any], latex: bool = False) -> str:
 
 
 def elasticities(model: Model, hw: Hardware, dtype: str, batch: int, nchw: bool = False,
-                 scaling: str = "delayed", swizzle: str = "quantize") -> dict[str, float]:
+                 scaling: str = "delayed", swizzle: str = "quantize", transpose: str = "cached") -> dict[str, float]:
     """d ln T / d ln X of the one-device closed form T(B) at B = batch, for X in F, F32, M, lam.
 
     The derivative is taken term by term, as sympy would: each kernel phase is Max(compute, memory) + n*lam, so
@@ -191,7 +193,7 @@ def elasticities(model: Model, hw: Hardware, dtype: str, batch: int, nchw: bool 
     total = 0.0
     for layer, count in model.counted():
         for kernel in use_kernels(Use(layer, count, False), batch, e, hw, dtype, 1, layer in fp8, nchw=nchw,
-                                  scaling=scaling, swizzle=swizzle):
+                                  scaling=scaling, swizzle=swizzle, transpose=transpose):
             own = kernel_dtype(kernel, dtype)
             factors = _phase_factors(kernel, compute_stretch(kernel, hw.device, own, 1, None))
             for (flops, nbytes, launches), q in zip(_phases(kernel), factors, strict=True):

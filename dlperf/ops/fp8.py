@@ -16,6 +16,14 @@ What this costs beyond the faster GEMM:
 - the weights are cast once per step, after the optimizer update (TE caches the FP8 weight and its transpose
   across the micro-batches of a step, `is_first_microbatch`): priced with the optimizer (engine/step.py).
 - the FP8 copies of the weights live beside the bf16 ones (engine/memory.py).
+With the plan's `fp8_weight_transpose: per_use` one FP8 copy of each weight is cached and a kernel of its own
+transposes it before each GEMM that reads the other layout, once per micro-batch, as DeepSeek-V3's training
+framework does (deepseek-ai/profile-data @4496024 train.json, a DualPipe forward/backward chunk pair at the
+DeepSeek-V3 pre-training settings, EP 64, 4K tokens: no weight is quantized in either chunk; FP8
+`batched_transpose<512, 128, 1, 1>` kernels the size of the routed experts' weights run before their forward
+grouped GEMMs -- 7168 and 3584 tiles of 128x128 for the four local experts' 4096x7168 gate/up and 7168x2048 down
+weights -- and ones the size of every other FP8 weight before its data-gradient GEMM -- 896 and 1792 tiles for the
+shared expert's, 7168 for the attention output projection's): `weight_transpose_kernel`.
 
 MXFP8 (`--dtype mxfp8`) is the same recipe with block scales instead of per-tensor ones, as Transformer Engine's
 MXFP8 recipe runs it on Blackwell's block-scaled tensor cores (TE user guide, "Low precision training: MXFP8",
@@ -107,10 +115,11 @@ def is_recipe(dtype: str | None) -> bool:
     return dtype in RECIPES
 
 
-def weight_cast_bytes(dtype: str) -> float:
+def weight_cast_bytes(dtype: str, transpose: str = "cached") -> float:
     """Per parameter, per step: read the bf16 weight, write its FP8 copy and FP8 transpose (MXFP8: row-wise and
-    column-wise copies with their scales; NVFP4: an amax pass reads the weight once more first)."""
-    return 2 * READS[dtype] + 2 * OPERAND_BYTES[dtype]
+    column-wise copies with their scales; NVFP4: an amax pass reads the weight once more first); under
+    `transpose` per_use (dlperf.plan.FP8_WEIGHT_TRANSPOSES) the one copy it keeps."""
+    return 2 * READS[dtype] + weight_copy_bytes(dtype, transpose)
 
 
 def param_gather_bytes(dtype: str) -> float:
@@ -124,11 +133,12 @@ def param_gather_bytes(dtype: str) -> float:
     return BYTES_PER_ELEMENT["bf16"] if dtype == "mxfp8" else OPERAND_BYTES[dtype]
 
 
-def weight_copy_bytes(dtype: str) -> float:
+def weight_copy_bytes(dtype: str, transpose: str = "cached") -> float:
     """Per parameter, resident: TE's cached FP8 weight and its FP8 transpose (Hopper's TN-only FP8 GEMMs; MXFP8's
     row-wise and column-wise copies; NVFP4's 2D 16x16 blocks make the two copies transposes of each other, but TE
-    still keeps both layouts)."""
-    return 2 * OPERAND_BYTES[dtype]
+    still keeps both layouts); under `transpose` per_use (DeepSeek-V3's framework, dlperf.plan.
+    FP8_WEIGHT_TRANSPOSES) the one FP8 copy, its transposes made per GEMM (weight_transpose_kernel)."""
+    return (1 if transpose == "per_use" else 2) * OPERAND_BYTES[dtype]
 
 
 def fp8_layers(root: Any) -> frozenset[Layer]:
@@ -156,8 +166,9 @@ def kernel_dtype(kernel: Kernel, dtype: str) -> str:
 
 
 def fp8_kernels(kernels: list[Kernel], e: int, recipe: str = "fp8", scaling: str = "delayed",
-                swizzle: str = "quantize", sp_dim: str | None = None) -> list[Kernel]:
-    """Each weight GEMM becomes its operand casts and an FP8 GEMM (MXFP8: and its scale swizzles); other kernels
+                swizzle: str = "quantize", sp_dim: str | None = None, transpose: str = "cached") -> list[Kernel]:
+    """Each weight GEMM becomes its operand casts and an FP8 GEMM (MXFP8: and its scale swizzles; under
+    `transpose` per_use, dlperf.plan.FP8_WEIGHT_TRANSPOSES, and its weight's transpose); other kernels
     are unchanged, and so is a GEMM whose precision the layer pins (a MoE router: Megatron-Core computes it with
     torch's linear outside Transformer Engine's fp8_autocast, router.py TopKRouter.gating @92c8482e). `scaling` is
     the `fp8` recipe's (dlperf.plan.FP8_SCALINGS), `swizzle` the `mxfp8` recipe's (dlperf.plan.MX_SWIZZLES);
@@ -174,10 +185,29 @@ def fp8_kernels(kernels: list[Kernel], e: int, recipe: str = "fp8", scaling: str
         cast = _cast_kernel(f"{kernel.name}_fp8_cast", m * k, m * n, e, b, reads, rht, launches)
         host = per_expert_quantize_host(recipe, scaling, kernel.weight_groups)
         out += [replace(cast, library_host=(host, host)), _fp8_gemm(kernel, m, k, n, e, b)]
+        if transpose == "per_use":
+            out.append(weight_transpose_kernel(kernel, b))
         if recipe == "mxfp8":
             gathered = (kernel.tp_dim or sp_dim) if sp_dim and kernel.split and not kernel.expert else None
             out.append(mx_swizzle_kernel(kernel, swizzle, gathered))
     return out
+
+
+def weight_transpose_kernel(kernel: Kernel, b: float = FP8) -> Kernel:
+    """The transpose of a weight GEMM's one cached FP8 weight copy (plan fp8_weight_transpose per_use): reads and
+    writes `b` bytes per element of the [k, n] weights it reads (`weight_groups` of them), in one launch per
+    micro-batch, issued inside the GEMM's own call (no framework operator of its own). DeepSeek-V3's framework
+    transposes the routed experts' weights before their forward GEMMs and every other FP8 weight before its
+    data-gradient GEMM (deepseek-ai/profile-data @4496024 train.json, module docstring): `expert` GEMMs pay it
+    forward, the others backward. The weight's size does not follow the routed tokens, so the kernel is not
+    marked `expert` (no load-imbalance scaling)."""
+    _, k, n = kernel.weight_gemm
+    nbytes = 2 * b * kernel.weight_groups * k * n
+    forward = bool(kernel.expert)
+    return Kernel(f"{kernel.name}_fp8_weight_transpose", "memory",
+                  Cost(fwd_bytes=nbytes if forward else 0, bwd_bytes=0 if forward else nbytes, depth=1, bwd_depth=1),
+                  launches=1 if forward else 0, bwd_launches=0 if forward else 1, framework_ops=0,
+                  bwd_framework_ops=0)
 
 
 def swizzled_operands(swizzle: str, gathered: str | None = None) -> dict[str, tuple[str, ...]]:

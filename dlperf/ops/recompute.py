@@ -52,7 +52,9 @@ class ActivationPolicy:
 
 
 def norm_consumers(root: Any) -> frozenset[Layer]:
-    """Layers that directly follow a norm in some sequence of the model (a pre-norm block's attention or MoE)."""
+    """Layers that directly follow a norm in some sequence of the model (a pre-norm block's attention or MoE), or
+    open a path of the branches that follow it (a SwiGLU MLP written as gate and up projections side by side: both
+    read the norm's output)."""
     from dlperf.spec.model import Branches, Seq
 
     out: set[Layer] = set()
@@ -60,8 +62,13 @@ def norm_consumers(root: Any) -> frozenset[Layer]:
     def visit(node: Any) -> None:
         if isinstance(node, Seq):
             for before, after in zip(node.items, node.items[1:], strict=False):
-                if isinstance(before, Layer) and before.op in NORM_OPS and isinstance(after, Layer):
+                if not (isinstance(before, Layer) and before.op in NORM_OPS):
+                    continue
+                if isinstance(after, Layer):
                     out.add(after)
+                elif isinstance(after, Branches):
+                    out.update(path.items[0] for path in after.paths if path.items and isinstance(path.items[0],
+                                                                                                  Layer))
             for item in node.items:
                 visit(item)
         elif isinstance(node, Branches):
@@ -108,7 +115,15 @@ def freed_bytes(layer: Layer, e: int, modules: frozenset[str], fp8: bool, after_
 def _mla(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recomputed: bool, kept: float) -> Any:
     """_mla_saved keeps, per token: input d, latents (q, kv and the rope key), per-head Q, K, V, the output
     projection's input O, and the log-sum-exp. Up-projection recompute rebuilds Q, K, V from the latents. An FP8
-    recipe leaves those 16-bit (`kept` unused)."""
+    recipe leaves those 16-bit (`kept` unused).
+
+    FP8 caching keeps the q and kv latents in FP8 as the up-projections' inputs, unless the latent RMSNorms are
+    recomputed ("layernorm"): then the up-projections' inputs are those norms' outputs, rebuilt in backward, and
+    what stays is the norms' own input, the latents, in their original precision (Sec. 3.3.1 keeps normalization
+    operators in it). DeepSeek-V3's framework does so: its attention backward reruns the 1536- and 512-wide RMSNorm
+    forward kernels on BF16 inputs, with no FP8 cast-back before them (`layer_norm::ln_fwd_kernel<Kernel_traits<
+    __nv_bfloat16, ..., 1536u ...>>` and `<... 512u ...>` in attn(B), deepseek-ai/profile-data @4496024
+    train.json)."""
     s, d, h = layer.in_shape[-2], layer.in_shape[-1], layer["heads"]
     qd, vd = layer["qk_nope_head_dim"] + layer["qk_rope_head_dim"], layer["v_head_dim"]
     linear_latents = (layer["q_lora_rank"] or 0) + layer["kv_lora_rank"]  # inputs of q_up and kv_up
@@ -118,7 +133,9 @@ def _mla(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recompu
     if fp8:
         if not input_recomputed:
             freed += (e - FP8_TILED) * d  # input of q_down and kv_down
-        freed += (e - FP8_TILED) * linear_latents + (e - E5M6) * h * vd
+        if "layernorm" not in modules:  # the up-projections keep their inputs, the (normed) latents, in FP8
+            freed += (e - FP8_TILED) * linear_latents
+        freed += (e - E5M6) * h * vd
     return s * freed
 
 
