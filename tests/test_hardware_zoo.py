@@ -119,7 +119,7 @@ def test_volta_has_no_bf16_and_tf32_falls_back_to_fp32() -> None:
         ("dgx-b300", 288e9, 8e12),           # B300 SXM 288 GB HBM3e (nvidia-smi: 275040 MiB = 288.4 GB)
         ("gb200-nvl72", 189471 * 2**20, 8e12),  # nvidia-smi (aiconfigurator gb200.yaml); 576 TB/s over 72 GPUs
         ("dgx-gb300", 284208 * 2**20, 8e12),    # nvidia-smi (aiconfigurator gb300.yaml)
-        ("h800", 80 * GiB, 3.35e12),
+        ("h800", 84943110144, 3.35e12),      # cudaGetDeviceProperties totalGlobalMem (deepseek-ai/profile-data)
         ("mi300x", 192 * GiB, 5.3e12),
     ],
 )
