@@ -1,9 +1,9 @@
 """Plan search and scaling sweeps on top of `dlperf.engine.predict`.
 
 Search enumerates (dp, tp, pp, micro-batch, schedule, virtual stages, ZeRO stage, recomputation, sequence
-parallelism), prices every valid plan and ranks those that fit. The expensive part of a prediction -- the stage
-costs, which walk every layer's kernels -- depends only on (tp, pp, sequence parallelism, recomputation,
-micro-batch, dtype); the cheap knobs (micro-batch count, schedule bubble, virtual stages, ZeRO memory, dp
+parallelism), screens every valid plan by memory, prices those that fit and ranks them. The expensive part of a
+prediction -- the stage costs, which walk every layer's kernels -- depends only on (tp, pp, sequence parallelism,
+recomputation, micro-batch, dtype); the cheap knobs (micro-batch count, schedule bubble, virtual stages, ZeRO memory, dp
 communication) are combined per plan. The engine's `StepModel` memoises the expensive part; `predict` is the
 same object with a fresh cache, so search's numbers are predict's (tests/test_search.py checks 1e-9 relative
 agreement on a random sample).
@@ -261,7 +261,11 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
            progress: Callable[[Iterable], Any] | None = None, max_step_time: float | None = None) -> SearchResult:
     """All valid plans on `devices` (a count, or a list of counts to choose among; with objective 'cost' a
     single count also tries its halvings devices/2, /4, ... since fewer devices may cost less per step), keep
-    those whose memory fits the device (and max_memory) and that meet max_step_time, rank."""
+    those whose memory fits the device (and max_memory) and that meet max_step_time, rank.
+
+    Plans are screened by memory before they are priced: a plan's memory does not depend on its step time
+    (StepModel.memory reads the memoised stage costs and the schedule), so a plan that does not fit is never
+    timed; only the smallest of them is, when nothing fits, for the report (`smallest`)."""
     import time
 
     if objective not in OBJECTIVES:
@@ -283,7 +287,8 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
         plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
                                  evaluator.layers, space, _pp_filter(model, space), _experts(model))
     fitting: list[Any] = []
-    smallest, too_slow = None, 0
+    smallest, too_slow = None, 0  # the smallest-memory plan priced (fitting ones only, see _smallest)
+    over: list[tuple[float, Plan]] = []  # (memory, plan) of the valid plans that do not fit, never priced
     fits: set[Plan] = set()  # plans without partial recomputation that fit
     iterator = progress(plans) if progress else _null(plans)
     with iterator as items:
@@ -294,13 +299,14 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
                 # where the plan fits without them, they only save memory it does not need, so are not priced
                 continue
             try:
-                ev = evaluator.timeline(plan)
+                memory, ev = evaluator.fitting_timeline(plan, limit)
             except DlperfError:
+                continue
+            if ev is None:
+                over.append((memory["total"], plan))
                 continue
             if smallest is None or ev.memory_bytes_per_device < smallest.memory_bytes_per_device:
                 smallest = ev
-            if ev.memory_bytes_per_device > limit:
-                continue
             if not plan.recompute_modules and not plan.fp8_activations:
                 fits.add(plan)
             if max_step_time is None or ev.step_time_s <= max_step_time:
@@ -308,8 +314,22 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
             else:
                 too_slow += 1
     fitting.sort(key=lambda ev: (objective_value(ev, objective, hw), ev.memory_bytes_per_device))
+    if smallest is None:
+        smallest = _smallest(evaluator, over)
     return SearchResult(fitting, len(plans), len(fitting), objective, hw, time.perf_counter() - start,
                         smallest=smallest, memory_limit=limit, too_slow=too_slow)
+
+
+def _smallest(evaluator: Any, over: list[tuple[float, Plan]]) -> Any:
+    """The Timeline of the plan that needs the least memory when none fits (the first of them in search order),
+    priced now: search prices only plans that fit. When one fits, it is the smallest, since every plan in `over`
+    needs more than the limit. A plan whose pricing its rules refuse is passed over, as search passes it over."""
+    for _, plan in sorted(over, key=lambda item: item[0]):  # stable: ties keep the search's order
+        try:
+            return evaluator.timeline(plan)
+        except DlperfError:
+            continue
+    return None
 
 
 def _experts(model: Any) -> int:

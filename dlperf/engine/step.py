@@ -207,7 +207,7 @@ class StepModel:
                 continue
             tried.add(split)
             staged = self._staged([pieces[i:j] for i, j in split], plan, dtype, e, cost)
-            step = float(self._combine(plan, dtype, e, staged, plan.micro_batches, plan.virtual_stages, False)[0])
+            step = float(self._combine(plan, dtype, e, staged, plan.micro_batches, plan.virtual_stages)[0])
             if best_step is None or step < best_step:
                 best, best_step = split, step
         # the chosen split priced whole: a stage walked unit by unit would run the vocabulary-parallel loss unsplit
@@ -279,9 +279,24 @@ class StepModel:
             offload.check(plan, self.hw, mem.blocks_in_stage(self.model, plan))
 
     def timeline(self, plan: Plan) -> Timeline:
+        return self._timed(plan, self.memory(plan))
+
+    def memory(self, plan: Plan) -> dict[str, Any]:
+        """The plan's memory per device, as timeline(plan).memory, without pricing its step: memory depends on
+        the stages and the schedule's micro-batches in flight, never on the step time, so search screens plans
+        with it and prices only those that fit. Raises what timeline would for a plan its rules refuse."""
         self._check(plan)
-        step, breakdown, memory, slow, dtype, staleness = self._evaluate(plan, plan.micro_batches,
-                                                                          plan.virtual_stages)
+        return self._memory(plan, plan.micro_batches, plan.virtual_stages)
+
+    def fitting_timeline(self, plan: Plan, limit: float) -> tuple[dict[str, Any], Timeline | None]:
+        """(memory(plan), timeline(plan) if its memory total is at most `limit` bytes, else None): a plan that
+        does not fit is never priced."""
+        memory = self.memory(plan)
+        return memory, None if memory["total"] > limit else self._timed(plan, memory)
+
+    def _timed(self, plan: Plan, memory: dict[str, Any]) -> Timeline:
+        """The plan's Timeline, its memory already computed (memory(plan): the plan has passed _check)."""
+        step, breakdown, slow, dtype, staleness = self._evaluate(plan, plan.micro_batches, plan.virtual_stages)
         return Timeline(plan, step, breakdown, memory, slow, dtype, staleness)
 
     def grid(self, plan: Plan, global_batch: Any, virtual_stages: Any = None) -> dict[str, Any]:
@@ -308,33 +323,53 @@ class StepModel:
             step, total = nan.copy(), nan.copy()
             for count in np.unique(v[v >= 2]):
                 at = np.broadcast_to(v == count, nan.shape)
-                s, _, memory, *_ = self._evaluate(plan.with_(virtual_stages=int(count)), m, count)
-                step, total = np.where(at, s, step), np.where(at, memory["total"], total)
+                at_count = plan.with_(virtual_stages=int(count))
+                s, total_at = self._evaluate(at_count, m, count)[0], self._memory(at_count, m, count)["total"]
+                step, total = np.where(at, s, step), np.where(at, total_at, total)
         else:
-            step, _, memory, *_ = self._evaluate(plan, m, v)
-            total = memory["total"]
+            step, total = self._evaluate(plan, m, v)[0], self._memory(plan, m, v)["total"]
         return {"step_time_s": np.where(ok, step, nan), "memory_bytes_per_device": np.where(ok, total, nan),
                 "global_batch": gb, "virtual_stages": v}
 
-    def _evaluate(self, plan: Plan, m: Any, v: Any) -> tuple[Any, dict[str, Any], dict[str, Any], StageCost, str,
-                                                              int]:
-        """The step for m micro-batches and v virtual stages (numbers or numpy arrays)."""
+    def _evaluate(self, plan: Plan, m: Any, v: Any) -> tuple[Any, dict[str, Any], StageCost, str, int]:
+        """The step for m micro-batches and v virtual stages (numbers or numpy arrays): (step, breakdown, slowest
+        stage, dtype, staleness); its memory is `_memory`'s."""
+        dtype = self._dtype(plan)
+        e = element_bytes(dtype)
+        step, breakdown, slow, staleness = self._combine(plan, dtype, e, self.stages(plan, dtype, e), m, v)
+        if plan.data_backend == "synthetic":
+            return step, breakdown, slow, dtype, staleness
+        # the CPU loader runs ahead of the GPU: the step waits only for what it needs beyond its own time
+        wait = input_wait(plan, self.hw, m * plan.micro, step)
+        return step + wait, breakdown | {"input/cpu": wait}, slow, dtype, staleness
+
+    def _dtype(self, plan: Plan) -> str:
+        """The dtype the plan computes in (its own, else the model's), refusing FP8 parameter gathers outside an
+        FP8 or FP4 recipe."""
         dtype = plan.dtype or self.model.dtype
         if plan.fp8_param_gather and not is_recipe(dtype):
             raise PlanError("--fp8-param-gather needs FP8 or FP4 training (--dtype fp8, mxfp8 or nvfp4)", found=dtype)
-        e = element_bytes(dtype)
-        step, breakdown, memory, slow, dtype, staleness = self._combine(plan, dtype, e, self.stages(plan, dtype, e),
-                                                                        m, v)
-        if plan.data_backend == "synthetic":
-            return step, breakdown, memory, slow, dtype, staleness
-        # the CPU loader runs ahead of the GPU: the step waits only for what it needs beyond its own time
-        wait = input_wait(plan, self.hw, m * plan.micro, step)
-        return step + wait, breakdown | {"input/cpu": wait}, memory, slow, dtype, staleness
+        return dtype
+
+    def _memory(self, plan: Plan, m: Any, v: Any) -> dict[str, Any]:
+        """Memory per device for m micro-batches and v virtual stages: the fullest device's model states and the
+        activations of the micro-batches in flight (dlperf.engine.memory). It reads the stages (memoised) and the
+        schedule, nothing of the step's time. DualPipe counts each rank's two stages over the doubled
+        data-parallel group that shards their states (`_dualpipe`); combined 1F1B (`ep_overlap`) holds one layer
+        more (memory.paired_layer)."""
+        dtype = self._dtype(plan)
+        stages = self.stages(plan, dtype, element_bytes(dtype))[0]
+        if plan.schedule == "dualpipe":
+            return mem.dualpipe_per_device(self.model, self.hw, _dualpipe_group(plan), stages, dtype)
+        flight = in_flight(plan.schedule, m, plan.pp, v) + (mem.paired_layer(self.model, plan) if plan.ep_overlap
+                                                            else 0)
+        return mem.per_device(self.model, self.hw, plan, stages, dtype, flight)
 
     def _combine(self, plan: Plan, dtype: str, e: int, staged: tuple[list[StageCost], StageCost, Any, Any], m: Any,
-                 v: Any, with_memory: bool = True) -> tuple[Any, dict[str, Any], dict[str, Any], StageCost, str, int]:
+                 v: Any) -> tuple[Any, dict[str, Any], StageCost, int]:
+        """(step, breakdown, slowest stage, staleness) of the staged plan: its time only (`_memory` its memory)."""
         if plan.schedule == "dualpipe":
-            return self._dualpipe(plan, dtype, e, staged, m, with_memory)
+            return self._dualpipe(plan, dtype, e, staged, m)
         stages, slow, params, boundary = staged
         passes = {key: self._passes(plan, s, dtype, m) for key, s in {id(s): s for s in stages}.items()}
         t, share = passes[id(slow)], recompute_share(plan, m)
@@ -369,13 +404,10 @@ class StepModel:
             "optimizer": optimizer,
             "overhead/metric_sync": metric_sync,
         }
-        flight = in_flight(plan.schedule, m, plan.pp, v) + (mem.paired_layer(self.model, plan) if plan.ep_overlap
-                                                            else 0)
-        memory = mem.per_device(self.model, self.hw, plan, stages, dtype, flight) if with_memory else {}
-        return step + optimizer + metric_sync, breakdown, memory, slow, dtype, staleness
+        return step + optimizer + metric_sync, breakdown, slow, staleness
 
-    def _dualpipe(self, plan: Plan, dtype: str, e: int, staged: tuple[list[StageCost], StageCost, Any, Any], m: Any,
-                  with_memory: bool) -> tuple[Any, dict[str, Any], dict[str, Any], StageCost, str, int]:
+    def _dualpipe(self, plan: Plan, dtype: str, e: int, staged: tuple[list[StageCost], StageCost, Any, Any],
+                  m: Any) -> tuple[Any, dict[str, Any], StageCost, int]:
         """DeepSeek-V3's DualPipe (arXiv:2412.19437, Sec. 3.2.1, Table 2; deepseek-ai/DualPipe @3da1bbe).
 
         Rank r holds stages r and pp-1-r (two copies of every stage's parameters in the pipeline) and runs
@@ -388,12 +420,13 @@ class StepModel:
         a stage reduce their gradients together: gradient synchronisation, ZeRO sharding and the optimizer see a
         data-parallel group of 2*dp, priced where its members sit: the dp replicas of rank r and those of rank
         pp-1-r, (pp-1-2r) stages apart (`_twin_starts`). The busiest rank sets the step (the pass times of its two
-        stages, ties to the rank with fewest pairs, at the pipeline's ends). Memory is the fullest rank's own:
-        its two stages' states and the chunks in flight through each (`memory.dualpipe_per_device`)."""
+        stages, ties to the rank with fewest pairs, at the pipeline's ends). Memory, priced apart by `_memory`, is
+        the fullest rank's own: its two stages' states and the chunks in flight through each
+        (`memory.dualpipe_per_device`)."""
         stages, _, _, boundary = staged
         own = self._twin_devices(stages, plan.pp)
         devices = [self._straggling(plan, d) for d in own]  # at the slowest device's pace (engine.straggler)
-        twin = plan.with_(dp=2 * plan.data_parallel)
+        twin = _dualpipe_group(plan)
         share = recompute_share(plan, m)
         stolen = _ep_contention(self.hw, plan)
 
@@ -435,8 +468,7 @@ class StepModel:
             "optimizer": optimizer,
             "overhead/metric_sync": metric_sync,
         }
-        memory = mem.dualpipe_per_device(self.model, self.hw, twin, stages, dtype) if with_memory else {}
-        return step + optimizer + metric_sync, breakdown, memory, device, dtype, staleness
+        return step + optimizer + metric_sync, breakdown, device, staleness
 
     def _twin_devices(self, stages: list[StageCost], pp: int) -> list[StageCost]:
         """What DualPipe's rank r holds: stages r and pp-1-r, priced as one StageCost per pair of chunks (memoised
@@ -564,6 +596,12 @@ class StepModel:
             notes=([] if fits else [memory_note(t.memory, self.hw)]) + host_note(t.breakdown_s, t.step_time_s, self.hw)
             + input_note(plan, self.hw, t.breakdown_s, t.step_time_s) + cudnn_note(plan, self.hw),
         )
+
+
+def _dualpipe_group(plan: Plan) -> Plan:
+    """The plan as DualPipe's gradient synchronisation, ZeRO sharding and optimizer see it: the two copies of a
+    stage (on ranks r and pp-1-r) reduce together, a data-parallel group of 2*dp."""
+    return plan.with_(dp=2 * plan.data_parallel)
 
 
 class DualPipeChunks(NamedTuple):

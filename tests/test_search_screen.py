@@ -1,0 +1,194 @@
+"""Search screens plans by memory before pricing them (StepModel.memory, StepModel.fitting_timeline): the memory it
+screens with is the memory a priced plan reports, and the search's answer is the one pricing every plan gives."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from dlperf.engine.step import StepModel
+from dlperf.errors import DlperfError
+from dlperf.plan import Plan
+from dlperf.search import SearchSpace, search
+from dlperf.spec.hardware import load_hardware
+from dlperf.spec.model import load_model
+
+GPT_SMALL = {"layers": 8, "hidden": 2048, "heads": 16, "seq": 1024}
+# DeepSeek-V3's layer kinds (MLA, dense and group-limited MoE layers) at a size a brute-force search prices quickly
+DEEPSEEK_SMALL = {"layers": 9, "dense_layers": 1, "experts": 16, "groups": 4, "top_groups": 2, "hidden": 1024,
+                  "heads": 16, "seq": 1024, "moe_ffn": 512, "ffn": 2048, "vocab": 32000}
+SMALL = SearchSpace(max_micro_batch=4)
+MOE_SPACE = SearchSpace(max_micro_batch=1, zero=(0, 1, 3), recompute=("none", "full"))
+
+
+def _searched(model: Any, hw: Any, devices: int, batch: int, **kw: Any) -> tuple[Any, list[Plan]]:
+    """search()'s result and the plans it went through (in its order, from its progress hook)."""
+    seen: list[Plan] = []
+
+    def progress(items: list[Plan]) -> Any:
+        seen.extend(items)
+        return _Over(items)
+    return search(model, hw, devices, batch, progress=progress, **kw), seen
+
+
+def _plans(model: Any, hw: Any, devices: int, batch: int, **kw: Any) -> list[Plan]:
+    """The plans search() would go through, without going through them."""
+    seen: list[Plan] = []
+
+    def progress(items: list[Plan]) -> Any:
+        seen.extend(items)
+        return _Over([])
+    search(model, hw, devices, batch, progress=progress, **kw)
+    return seen
+
+
+class _Over:
+    """A progress bar that shows nothing."""
+
+    def __init__(self, items: list[Plan]) -> None:
+        self.items = items
+
+    def __enter__(self) -> list[Plan]:
+        return self.items
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _sample(plans: list[Plan], n: int, seed: int = 0) -> list[Plan]:
+    return random.Random(seed).sample(plans, min(n, len(plans)))
+
+
+def _memory_is_timelines(model: Any, hw: Any, plans: list[Plan]) -> int:
+    """memory(plan) is timeline(plan).memory, key by key and exactly, on one evaluator that has screened other plans
+    and on a fresh one (predict's); a plan refused by one is refused by the other. Returns the plans compared."""
+    shared, compared = StepModel(model, hw), 0
+    for plan in plans:
+        try:
+            screened = shared.memory(plan)
+        except DlperfError:
+            with pytest.raises(DlperfError):
+                StepModel(model, hw).timeline(plan)
+            continue
+        priced = StepModel(model, hw).timeline(plan).memory
+        assert screened == priced, plan
+        assert shared.timeline(plan).memory == priced, plan
+        compared += 1
+    return compared
+
+
+def test_memory_equals_the_timelines_on_gpt3_plans():
+    """GPT-3 on 1024 A100s, the search's own plans: 1F1B, GPipe, interleaved; ZeRO 0-3; every recomputation."""
+    model, hw = load_model("gpt3-175b"), load_hardware("dgx-a100")
+    sample = _sample(_plans(model, hw, 1024, 1536), 120)
+    assert {p.schedule for p in sample} >= {"1f1b", "interleaved", "gpipe"} and {p.zero for p in sample} == {0, 1, 2, 3}
+    assert _memory_is_timelines(model, hw, sample) == len(sample)
+
+
+def test_memory_equals_the_timelines_on_deepseek_v3_plans():
+    """DeepSeek-V3 on 2048 H800s: DualPipe, expert parallelism with and without the combined 1F1B, partial
+    recomputation and the DeepEP dispatcher, as the search enumerates them."""
+    model, hw = load_model("deepseek-v3"), load_hardware("h800")
+    plans = _plans(model, hw, 2048, 15360)
+    dualpipe = [p for p in plans if p.schedule == "dualpipe"]
+    sample = _sample(dualpipe, 30) + _sample([p for p in plans if p.ep_overlap], 30) + _sample(plans, 60)
+    assert {p.ep for p in sample} > {1} and any(p.recompute_modules for p in sample)
+    assert _memory_is_timelines(model, hw, sample) == len(sample)
+
+
+@pytest.mark.parametrize("changes", [
+    {"zero": 3, "dp": 8},
+    {"zero": 3, "dp": 4, "tp": 2, "zero_impl": "fsdp"},
+    {"zero": 3, "dp": 8, "zero_impl": "deepspeed-0.3"},
+    {"pp": 4, "dp": 2, "schedule": "interleaved", "virtual_stages": 2, "micro_batch": 1},
+    {"pp": 2, "dp": 4, "schedule": "gpipe", "recompute": "full"},
+    {"pp": 4, "dp": 2, "micro_batch": 2, "recompute": "selective", "zero": 1},
+    {"dp": 4, "cp": 2, "zero": 2},
+    {"data_backend": "cpu", "loader_workers": 2, "input_ops": ("fast-collate",), "dp": 8},
+])
+def test_memory_equals_the_timeline_on_a_small_gpt(changes):
+    """ZeRO-3 by each implementation, interleaved and GPipe schedules, context parallelism, a CPU input pipeline."""
+    model, hw = load_model("gpt", GPT_SMALL), load_hardware("dgx-a100")
+    plan = Plan(devices=8, global_batch=32).with_(**changes)
+    assert _memory_is_timelines(model, hw, [plan]) == 1
+
+
+def test_memory_equals_the_timeline_with_offloaded_activations():
+    """Activation offloading keeps (L-N)/L of the blocks' activations on the device."""
+    model, hw = load_model("llama3-8b", {"seq": 4096}), load_hardware("gb200-nvl72")
+    plans = [Plan(devices=8, dp=8, global_batch=64, micro_batch=2, zero=z, offload_layers=n)
+             for z in (1, 3) for n in (0, 4, 16)]
+    assert _memory_is_timelines(model, hw, plans) == len(plans)
+    assert len({StepModel(model, hw).memory(p)["total"] for p in plans}) == len(plans)
+
+
+def _priced_one_by_one(model: Any, hw: Any, plans: list[Plan], limit: float,
+                       max_step_time: float | None) -> dict[str, Any]:
+    """What search reported when it priced every plan before asking whether it fits (dlperf before screening)."""
+    steps = StepModel(model, hw)
+    fitting, smallest, too_slow, fits = [], None, 0, set()
+    for plan in plans:
+        if (plan.recompute_modules or plan.fp8_activations) and \
+                plan.with_(recompute_modules=(), fp8_activations=False) in fits:
+            continue
+        try:
+            ev = steps.timeline(plan)
+        except DlperfError:
+            continue
+        if smallest is None or ev.memory_bytes_per_device < smallest.memory_bytes_per_device:
+            smallest = ev
+        if ev.memory_bytes_per_device > limit:
+            continue
+        if not plan.recompute_modules and not plan.fp8_activations:
+            fits.add(plan)
+        if max_step_time is None or ev.step_time_s <= max_step_time:
+            fitting.append(ev)
+        else:
+            too_slow += 1
+    fitting.sort(key=lambda ev: (ev.step_time_s, ev.memory_bytes_per_device))
+    return {"ranked": fitting, "smallest": smallest, "too_slow": too_slow}
+
+
+def _same_search(model: Any, hw: Any, devices: int, batch: int, **kw: Any) -> Any:
+    """search() with screening reports what pricing every plan reports: the ranked plans with their times and
+    memory, the counts, the smallest plan and the plans too slow."""
+    result, plans = _searched(model, hw, devices, batch, **kw)
+    brute = _priced_one_by_one(model, hw, plans, result.memory_limit, kw.get("max_step_time"))
+    assert result.considered == len(plans)
+    assert result.feasible == len(brute["ranked"])
+    assert [(ev.plan, ev.step_time_s, ev.memory, ev.breakdown_s) for ev in result.ranked] == \
+        [(ev.plan, ev.step_time_s, ev.memory, ev.breakdown_s) for ev in brute["ranked"]]
+    assert result.too_slow == brute["too_slow"]
+    if brute["smallest"] is None:
+        assert result.smallest is None
+    else:
+        assert (result.smallest.plan, result.smallest.memory, result.smallest.step_time_s) == \
+            (brute["smallest"].plan, brute["smallest"].memory, brute["smallest"].step_time_s)
+    return result
+
+
+@pytest.mark.parametrize("max_memory, max_step_time", [(3 * 2**30, None), (2**30, None), (None, 1.0)])
+def test_screened_search_equals_pricing_every_plan_on_a_small_gpt(max_memory, max_step_time):
+    """Some plans fit; none fits (the smallest is priced at the end); all fit but some miss the time budget."""
+    model, hw = load_model("gpt", GPT_SMALL), load_hardware("dgx-a100")
+    result = _same_search(model, hw, 8, 32, max_memory=max_memory, max_step_time=max_step_time, space=SMALL)
+    if max_memory == 2**30:
+        assert result.feasible == 0 and result.smallest is not None
+    if max_step_time is not None:
+        assert result.too_slow > 0
+
+
+@pytest.mark.parametrize("max_memory", [3 * 2**30, 2**30])
+def test_screened_search_equals_pricing_every_plan_on_a_small_deepseek(max_memory):
+    """MLA and group-limited MoE layers under FP8: expert parallelism, DualPipe, the combined 1F1B, partial
+    recomputation and FP8 activation caching (skipped where the plan fits without them)."""
+    model, hw = load_model("deepseek-v3", DEEPSEEK_SMALL), load_hardware("h800")
+    result = _same_search(model, hw, 8, 32, max_memory=max_memory, base=Plan(dtype="fp8"), space=MOE_SPACE)
+    ranked = [ev.plan for ev in result.ranked]
+    if max_memory > 2**30:
+        assert {p.schedule for p in ranked} >= {"dualpipe", "interleaved"} and any(p.recompute_modules for p in ranked)
+        assert any(p.fp8_activations for p in ranked) and any(p.ep_overlap for p in ranked)
+    else:
+        assert not ranked and result.smallest is not None
