@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from dlperf.engine.layers import element_bytes
+from dlperf.engine.stage import StageCost
 from dlperf.engine.step import StepModel
 from dlperf.errors import DlperfError
 from dlperf.plan import Plan
@@ -61,9 +63,20 @@ def _sample(plans: list[Plan], n: int, seed: int = 0) -> list[Plan]:
     return random.Random(seed).sample(plans, min(n, len(plans)))
 
 
+class _PricedStages(StepModel):
+    """A StepModel that reads memory off the priced stages (stage_cost's), as it did before stage_memory."""
+
+    def _held(self, plan: Plan, dtype: str, e: int) -> list[StageCost]:
+        return self.stages(plan, dtype, e)[0]
+
+
+HELD = ("params", "expert_params", "fp8_params", "saved_bytes", "saved_blocks", "saved_outside")
+
+
 def _memory_is_timelines(model: Any, hw: Any, plans: list[Plan]) -> int:
     """memory(plan) is timeline(plan).memory, key by key and exactly, on one evaluator that has screened other plans
-    and on a fresh one (predict's); a plan refused by one is refused by the other. Returns the plans compared."""
+    and on a fresh one (predict's), and is the memory read off the priced stages: stage_memory's fields are
+    stage_cost's, bit for bit. A plan refused by one is refused by the other. Returns the plans compared."""
     shared, compared = StepModel(model, hw), 0
     for plan in plans:
         try:
@@ -73,8 +86,12 @@ def _memory_is_timelines(model: Any, hw: Any, plans: list[Plan]) -> int:
                 StepModel(model, hw).timeline(plan)
             continue
         priced = StepModel(model, hw).timeline(plan).memory
-        assert screened == priced, plan
+        assert screened == priced == _PricedStages(model, hw).memory(plan), plan
         assert shared.timeline(plan).memory == priced, plan
+        dtype = plan.dtype or model.dtype
+        held, staged = shared._held(plan, dtype, element_bytes(dtype)), shared.stages(plan, dtype,
+                                                                                      element_bytes(dtype))[0]
+        assert [[getattr(s, k) for k in HELD] for s in held] == [[getattr(s, k) for k in HELD] for s in staged]
         compared += 1
     return compared
 
@@ -98,6 +115,15 @@ def test_memory_equals_the_timelines_on_deepseek_v3_plans():
     assert _memory_is_timelines(model, hw, sample) == len(sample)
 
 
+def test_memory_equals_the_timelines_under_fp8_and_context_parallelism():
+    """DeepSeek-V3 under FP8 on 256 H800s with context parallelism: FP8 weight copies, FP8 activation caching, the
+    experts' states over the expert-data-parallel group, activations split by cp."""
+    model, hw = load_model("deepseek-v3"), load_hardware("h800")
+    plans = _plans(model, hw, 256, 4096, base=Plan(dtype="fp8"), space=SearchSpace(cp=(1, 2)))
+    sample = _sample([p for p in plans if p.cp > 1], 30) + _sample([p for p in plans if p.fp8_activations], 30)
+    assert _memory_is_timelines(model, hw, sample) == len(sample)
+
+
 @pytest.mark.parametrize("changes", [
     {"zero": 3, "dp": 8},
     {"zero": 3, "dp": 4, "tp": 2, "zero_impl": "fsdp"},
@@ -107,9 +133,11 @@ def test_memory_equals_the_timelines_on_deepseek_v3_plans():
     {"pp": 4, "dp": 2, "micro_batch": 2, "recompute": "selective", "zero": 1},
     {"dp": 4, "cp": 2, "zero": 2},
     {"data_backend": "cpu", "loader_workers": 2, "input_ops": ("fast-collate",), "dp": 8},
+    {"devices": 6, "pp": 3, "dp": 2, "global_batch": 12, "micro_batch": 1},
 ])
 def test_memory_equals_the_timeline_on_a_small_gpt(changes):
-    """ZeRO-3 by each implementation, interleaved and GPipe schedules, context parallelism, a CPU input pipeline."""
+    """ZeRO-3 by each implementation, interleaved and GPipe schedules, context parallelism, a CPU input pipeline, and
+    a pipeline the layers do not divide (its balanced split is chosen by pricing, and memory reads it)."""
     model, hw = load_model("gpt", GPT_SMALL), load_hardware("dgx-a100")
     plan = Plan(devices=8, global_batch=32).with_(**changes)
     assert _memory_is_timelines(model, hw, [plan]) == 1
@@ -122,6 +150,13 @@ def test_memory_equals_the_timeline_with_offloaded_activations():
              for z in (1, 3) for n in (0, 4, 16)]
     assert _memory_is_timelines(model, hw, plans) == len(plans)
     assert len({StepModel(model, hw).memory(p)["total"] for p in plans}) == len(plans)
+
+
+def test_memory_equals_the_timeline_under_hybrid_fc():
+    """Krizhevsky's one weird trick: the stage is built from priced parts, and memory reads it."""
+    model, hw = load_model("vgg16"), load_hardware("dgx-a100")
+    assert _memory_is_timelines(model, hw, [Plan(devices=8, global_batch=256, hybrid_fc=True, zero=z)
+                                            for z in (0, 1)]) == 2
 
 
 def _priced_one_by_one(model: Any, hw: Any, plans: list[Plan], limit: float,
@@ -192,3 +227,11 @@ def test_screened_search_equals_pricing_every_plan_on_a_small_deepseek(max_memor
         assert any(p.fp8_activations for p in ranked) and any(p.ep_overlap for p in ranked)
     else:
         assert not ranked and result.smallest is not None
+
+
+def test_plans_whose_kernels_cannot_be_priced_are_passed_over_as_before():
+    """FP8 on A100s, which have no FP8 peak: memory screens every plan, pricing refuses each, those that fit and the
+    smallest of those that do not alike, so no plan is valid, as when every plan was priced."""
+    model, hw = load_model("gpt", GPT_SMALL), load_hardware("dgx-a100")
+    result = _same_search(model, hw, 8, 32, max_memory=3 * 2**30, base=Plan(dtype="fp8"), space=SMALL)
+    assert result.considered > 0 and result.feasible == 0 and result.smallest is None

@@ -209,8 +209,6 @@ def _states(stage: StageCost, plan: Plan, dtype: str) -> dict[str, Any]:
     hold the same weights; Megatron-Core's distributed optimizer spans both), with expert parallelism the
     experts' states over the expert-data-parallel group (dp*cp/ep), each by the plan's ZeRO stage. The routed
     experts sit inside the blocks, so an FP8 recipe runs them in FP8 (their share of `fp8_params`)."""
-    from dlperf import mathx
-
     if plan.cp == 1 and mathx.is_zero(stage.expert_params):
         return model_state_bytes(stage.params, plan, dtype, stage.fp8_params)
     experts_fp8 = mathx.minimum(stage.expert_params, stage.fp8_params)
@@ -281,8 +279,9 @@ def _block_inputs(model: Model, plan: Plan, dtype: str) -> float:
     e = element_bytes(dtype)
     total = 0.0
     shape = model.input_shape
+    blocks = _blocks(model)
     for item in model.root.items:
-        if item in _blocks(model):
+        if item in blocks:
             total += e * numel(shape) * item.repeat / plan.pp
         shape = out_shape(item, shape)
     return total

@@ -242,38 +242,66 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
                 gemm["fwd"], gemm["bwd"] = gemm["fwd"] + fwd, gemm["bwd"] + bwd
             key = f"{use.layer.op}"
             out.per_type[key] = out.per_type.get(key, 0.0) + use.count * (fwd + bwd)
-        held = out.params  # what the layer adds to the device's parameters: its own, less the experts ep moves off
         collectives = eager_use_share(graphs, use, sublayers)
         if par.active:
             _add_ep_cp(out, use, batch, e, tp, recompute, par, core, hw.device, 0.0 if graphs.full else 1.0)
         if tp > 1:
             _add_tp_comm(out, use, batch / par.cp, e, tp, recompute, comm_time, gemm if tp_overlap else None,
                          hw.device, collectives)
-        out.params = out.params + use.count * use.layer.params / (tp if use.sharded else 1)
-        if in_fp8:
-            out.fp8_params = out.fp8_params + (out.params - held)
-        saved = OPS[use.layer.op].saved(use.layer, e)
-        saved = fp8_saved_bytes(use.layer, saved, e, dtype) if in_fp8 else saved
-        saved = saved * batch / divisor
-        if recompute == "selective":
-            saved = saved - quadratic_attention_bytes(use.layer, e) * batch / tp
-        if acts.active:
-            cache = in_fp8 if use.layer.op == "linear" else in_fp8 and acts.fp8_cache
-            freed = freed_bytes(use.layer, e, acts.modules, cache, use.layer in acts.after_norm,
-                                OPERAND_BYTES[dtype] if in_fp8 else None)
-            saved = saved - freed * batch / divisor
-        saved = use.count * (saved / par.cp if par.cp > 1 else saved)
-        out.saved_bytes = out.saved_bytes + saved
-        if use.in_block:
-            out.saved_blocks = out.saved_blocks + saved
-        if recompute in FULL and not _full_rerun(recompute, use):
-            out.saved_outside = out.saved_outside + saved
+        _add_held(out, use, batch, e, dtype, tp, sp, recompute, in_fp8, par, acts)
     if graphs.scopes:
         fwd_replays, bwd_replays = replays(graphs, uses)
         out.host_fwd = out.host_fwd + fwd_replays * hw.device.dispatch_forward
         out.host_bwd = out.host_bwd + bwd_replays * hw.device.dispatch_backward
     out.flow_fwd = _flow_forward(sequence)
     return out
+
+
+def stage_memory(uses: list[Use], batch: Any, e: int, dtype: str, tp: int, sp: bool, recompute: str,
+                 fp8: frozenset = frozenset(), par: Parallel | None = None,
+                 acts: ActivationPolicy | None = None) -> StageCost:
+    """What a stage holds, without pricing its kernels: the StageCost whose parameter and saved-activation fields
+    (params, expert_params, fp8_params, saved_bytes, saved_blocks, saved_outside) are stage_cost's for the same
+    arguments, bit for bit (both add them with `_add_held`), and whose times are 0. Memory per device reads only
+    these, so a search screens a plan by memory without timing the kernels of a stage no fitting plan uses."""
+    out = StageCost()
+    par = par or Parallel()
+    acts = acts or ActivationPolicy()
+    for use in uses:
+        _add_held(out, use, batch, e, dtype, tp, sp, recompute, is_recipe(dtype) and use.layer in fp8, par, acts)
+    return out
+
+
+def _add_held(out: StageCost, use: Use, batch: Any, e: int, dtype: str, tp: int, sp: bool, recompute: str,
+              in_fp8: bool, par: Parallel, acts: ActivationPolicy) -> None:
+    """What one layer adds to the device's memory: its parameters (sharded by tp, the routed experts also by ep;
+    `in_fp8`: the layer runs in FP8 and keeps FP8 copies of them) and the activations it saves for backward per
+    micro-batch, less what selective or partial recomputation and FP8 caching free, split by context parallelism."""
+    held = out.params
+    if par.ep > 1 and use.layer.op == "moe":  # the routed experts' parameters are sharded ep ways on top of tp
+        experts = OPS[use.layer.op].expert_params(use.layer) / (tp if use.sharded else 1)
+        out.params = out.params - use.count * experts * (1 - 1 / par.ep)
+        out.expert_params = out.expert_params + use.count * experts / par.ep
+    out.params = out.params + use.count * use.layer.params / (tp if use.sharded else 1)
+    if in_fp8:
+        out.fp8_params = out.fp8_params + (out.params - held)
+    divisor = tp if (use.sharded or sp) else 1
+    saved = OPS[use.layer.op].saved(use.layer, e)
+    saved = fp8_saved_bytes(use.layer, saved, e, dtype) if in_fp8 else saved
+    saved = saved * batch / divisor
+    if recompute == "selective":
+        saved = saved - quadratic_attention_bytes(use.layer, e) * batch / tp
+    if acts.active:
+        cache = in_fp8 if use.layer.op == "linear" else in_fp8 and acts.fp8_cache
+        freed = freed_bytes(use.layer, e, acts.modules, cache, use.layer in acts.after_norm,
+                            OPERAND_BYTES[dtype] if in_fp8 else None)
+        saved = saved - freed * batch / divisor
+    saved = use.count * (saved / par.cp if par.cp > 1 else saved)
+    out.saved_bytes = out.saved_bytes + saved
+    if use.in_block:
+        out.saved_blocks = out.saved_blocks + saved
+    if recompute in FULL and not _full_rerun(recompute, use):
+        out.saved_outside = out.saved_outside + saved
 
 
 # Megatron-Core's MoE layer forward runs (NVIDIA/Megatron-LM @3758b54b): moe_layer.py custom_forward lines 556-583,
@@ -441,10 +469,10 @@ def _cp_split(use: Use, kernel: Kernel, par: Parallel) -> Any:
 
 def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute: str, par: Parallel,
                core: list[Any], device: Device, eager: Any = 1.0) -> None:
-    """Expert all-to-alls of a MoE layer and the context-parallel exchange of an attention layer; with ep > 1
-    the routed experts' parameters are sharded ep ways on top of tp. Issuing each collective of the all-to-all
-    dispatcher is one more op for the host, as a tensor-parallel one (context.ep_collectives), for the `eager` share
-    not captured in a CUDA graph (all of them but under full_iteration)."""
+    """Expert all-to-alls of a MoE layer and the context-parallel exchange of an attention layer (the experts'
+    parameters, sharded ep ways, are `_add_held`'s). Issuing each collective of the all-to-all dispatcher is one
+    more op for the host, as a tensor-parallel one (context.ep_collectives), for the `eager` share not captured in
+    a CUDA graph (all of them but under full_iteration)."""
     layer, count = use.layer, use.count
     ep = cp = 0.0  # the forward exchanges, which full recomputation reruns
     host = 0.0
@@ -458,9 +486,6 @@ def _add_ep_cp(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute:
         host = eager * count * fwd_ops * device.dispatch_forward
         out.host_fwd = out.host_fwd + host
         out.host_bwd = out.host_bwd + eager * count * bwd_ops * device.dispatch_backward
-        experts = OPS[layer.op].expert_params(layer) / (tp if use.sharded else 1)
-        out.params = out.params - count * experts * (1 - 1 / par.ep)
-        out.expert_params = out.expert_params + count * experts / par.ep
     if par.cp > 1 and layer.op in ATTENTION_OPS:
         cp, bwd = cp_exchange(use, batch, e, tp, par, core[0], core[1])
         out.cp_comm_fwd = out.cp_comm_fwd + count * cp

@@ -34,7 +34,7 @@ from dlperf.engine.pipeline import (
     uniform_partition,
     units,
 )
-from dlperf.engine.stage import StageCost, stage_cost
+from dlperf.engine.stage import StageCost, stage_cost, stage_memory
 from dlperf.engine.straggler import straggler_factor
 from dlperf.engine.tf1_update import update_step_time
 from dlperf.engine.work import model_cost
@@ -119,7 +119,9 @@ class StepModel:
     stage_cost reads of the plan (tp, sequence parallelism, recomputation, micro-batch, dtype, ...:
     _stage_cost_key); it is memoised, so a search over many plans prices each distinct structure once and
     combines the cheap knobs (micro-batch count, schedule, virtual stages, ZeRO, dp communication) per plan.
-    `predict` is this with a fresh cache.
+    Memory (`memory`) needs only what each stage holds, which stage_memory adds up without pricing a kernel: a
+    search screens every plan by memory and prices the stages of those that fit. `predict` is this with a fresh
+    cache.
     """
 
     def __init__(self, model: Model, hw: Hardware) -> None:
@@ -135,6 +137,7 @@ class StepModel:
         self.comm = _PricedComm(_comm(), hw)
         self._stages: dict[tuple, tuple[list[StageCost], StageCost, Any, Any]] = {}
         self._cost: dict[tuple, StageCost] = {}
+        self._holds: dict[tuple, list[StageCost] | None] = {}  # stage_memory's stages per split (_held)
         self._uses: dict[tuple, list] = {}
         self._splits: dict[tuple, list] = {}
         self._p2p: dict[tuple, Any] = {}
@@ -226,14 +229,42 @@ class StepModel:
     def _cost_of(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
         key = (tuple(nodes), *_stage_cost_key(plan, dtype))
         if key not in self._cost:
-            uses_key = (tuple(nodes), plan.sequence_parallel)
-            if uses_key not in self._uses:
-                self._uses[uses_key] = tp_uses(nodes, plan.sequence_parallel)
-            self._cost[key] = stage_cost(self._uses[uses_key], plan.micro, e, self._hw_for(plan), dtype, plan.tp,
+            self._cost[key] = stage_cost(self._tp_uses(nodes, plan), plan.micro, e, self._hw_for(plan), dtype, plan.tp,
                                          plan.sequence_parallel, plan.recompute, self._tp_comm(plan.tp),
                                          self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan),
                                          self._kernel_times, self._policy(plan), plan.memory_format == "nchw",
                                          plan.fp8_scaling, plan.mx_swizzle, _graphs(plan), plan.fp8_weight_transpose)
+        return self._cost[key]
+
+    def _tp_uses(self, nodes: list[Any], plan: Plan) -> list[Any]:
+        """The nodes' layer uses as tensor parallelism shards them (tp_uses), memoised per nodes and sequence
+        parallelism."""
+        key = (tuple(nodes), plan.sequence_parallel)
+        if key not in self._uses:
+            self._uses[key] = tp_uses(nodes, plan.sequence_parallel)
+        return self._uses[key]
+
+    def _held(self, plan: Plan, dtype: str, e: int) -> list[StageCost]:
+        """Every stage's parameters and saved activations, all `_memory` reads of the stages: stage_memory's, which
+        prices no kernel, on the split `stages` takes without pricing (one stage, or Megatron's uniform split), so
+        a plan that does not fit costs no stage pricing. The balanced split is chosen by pricing and --hybrid-fc's
+        stage is built from priced parts: those are read from `stages`."""
+        key = (plan.pp, plan.hybrid_fc, *_stage_cost_key(plan, dtype))
+        if key not in self._holds:
+            unpriced = not plan.hybrid_fc and (plan.pp == 1 or uniform_partition(self.model, plan.pp) is not None)
+            self._holds[key] = [self._held_by(nodes, plan, dtype, e)
+                                for nodes in self._partition(plan, dtype, e)] if unpriced else None
+        held = self._holds[key]
+        return self.stages(plan, dtype, e)[0] if held is None else held
+
+    def _held_by(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
+        """stage_memory of one stage, memoised as _cost_of memoises its stage_cost (a pipeline's middle stages
+        hold the same layers)."""
+        key = ("held", tuple(nodes), *_stage_cost_key(plan, dtype))
+        if key not in self._cost:
+            self._cost[key] = stage_memory(self._tp_uses(nodes, plan), plan.micro, e, dtype, plan.tp,
+                                           plan.sequence_parallel, plan.recompute, self.fp8,
+                                           _parallel(self.comm, self.hw, plan), self._policy(plan))
         return self._cost[key]
 
     def _policy(self, plan: Plan) -> ActivationPolicy | None:
@@ -283,8 +314,9 @@ class StepModel:
 
     def memory(self, plan: Plan) -> dict[str, Any]:
         """The plan's memory per device, as timeline(plan).memory, without pricing its step: memory depends on
-        the stages and the schedule's micro-batches in flight, never on the step time, so search screens plans
-        with it and prices only those that fit. Raises what timeline would for a plan its rules refuse."""
+        what the stages hold and the schedule's micro-batches in flight, never on the step time, so search screens
+        plans with it and prices only those that fit. A plan its rules refuse (_check, _dtype) raises as in
+        timeline; one whose kernels cannot be priced (a dtype the device has no peak for) raises only there."""
         self._check(plan)
         return self._memory(plan, plan.micro_batches, plan.virtual_stages)
 
@@ -358,7 +390,7 @@ class StepModel:
         data-parallel group that shards their states (`_dualpipe`); combined 1F1B (`ep_overlap`) holds one layer
         more (memory.paired_layer)."""
         dtype = self._dtype(plan)
-        stages = self.stages(plan, dtype, element_bytes(dtype))[0]
+        stages = self._held(plan, dtype, element_bytes(dtype))
         if plan.schedule == "dualpipe":
             return mem.dualpipe_per_device(self.model, self.hw, _dualpipe_group(plan), stages, dtype)
         flight = in_flight(plan.schedule, m, plan.pp, v) + (mem.paired_layer(self.model, plan) if plan.ep_overlap
