@@ -138,6 +138,7 @@ class StepModel:
         self._stages: dict[tuple, tuple[list[StageCost], StageCost, Any, Any]] = {}
         self._cost: dict[tuple, StageCost] = {}
         self._holds: dict[tuple, list[StageCost] | None] = {}  # stage_memory's stages per split (_held)
+        self._uniform: dict[int, list[list[Any]] | None] = {}  # _partition's split per pp
         self._uses: dict[tuple, list] = {}
         self._splits: dict[tuple, list] = {}
         self._p2p: dict[tuple, Any] = {}
@@ -165,7 +166,7 @@ class StepModel:
         if key not in self._stages and plan.hybrid_fc:
             part = self._hybrid_fc(plan, dtype, e)
             self._stages[key] = ([part], part, part.params, 0)
-        if key not in self._stages and (plan.pp == 1 or uniform_partition(self.model, plan.pp) is not None):
+        if key not in self._stages and self._partition(plan, dtype, e) is not None:
             self._stages[key] = self._staged(self._partition(plan, dtype, e), plan, dtype, e)
         if key in self._stages:
             return self._stages[key]
@@ -251,7 +252,7 @@ class StepModel:
         stage is built from priced parts: those are read from `stages`."""
         key = (plan.pp, plan.hybrid_fc, *_stage_cost_key(plan, dtype))
         if key not in self._holds:
-            unpriced = not plan.hybrid_fc and (plan.pp == 1 or uniform_partition(self.model, plan.pp) is not None)
+            unpriced = not plan.hybrid_fc and self._partition(plan, dtype, e) is not None
             self._holds[key] = [self._held_by(nodes, plan, dtype, e)
                                 for nodes in self._partition(plan, dtype, e)] if unpriced else None
         held = self._holds[key]
@@ -296,10 +297,13 @@ class StepModel:
         return whole
 
     def _partition(self, plan: Plan, dtype: str, e: int) -> list[list[Any]]:
-        """One stage, or Megatron's uniform split over the repeated block (see _balanced for the rest)."""
-        if plan.pp == 1:
-            return [list(self.model.root.items)]
-        return uniform_partition(self.model, plan.pp)
+        """One stage, or Megatron's uniform split over the repeated block (see _balanced for the rest), made once
+        per pp: the split depends on the model and pp alone, and the stage memos hash its nodes, whose hashes
+        are kept on the node objects."""
+        if plan.pp not in self._uniform:
+            self._uniform[plan.pp] = [list(self.model.root.items)] if plan.pp == 1 else \
+                uniform_partition(self.model, plan.pp)
+        return self._uniform[plan.pp]
 
     def _check(self, plan: Plan) -> None:
         """The plan's rules against this model and hardware: degrees and knobs, expert/context parallelism,
