@@ -17,8 +17,12 @@ def _evaluator(model: Any, hw: Any) -> Any:
     return StepModel(model, hw)
 
 
-def _try(evaluator: Any, plan: Plan) -> Any:
+def _fitting(evaluator: Any, plan: Plan, limit: float) -> Any:
+    """The plan's prediction if it fits in `limit` bytes per device, else None (as for a plan its rules refuse):
+    its memory is read first, without pricing its time (StepModel.memory), as search screens plans."""
     try:
+        if evaluator.memory(plan)["total"] > limit:
+            return None
         return evaluator.predict(plan)
     except DlperfError:
         return None
@@ -62,9 +66,8 @@ def best_plan(model: Any, hw: Any, base: Plan) -> tuple[Plan | None, Any]:
     best, best_result = None, None
     evaluator = _evaluator(model, hw)
     for plan in hybrid_candidates(model, hw, base):
-        result = _try(evaluator, plan)
-        if result is not None and result.fits and (best_result is None or
-                                                   result.step_time_s < best_result.step_time_s):
+        result = _fitting(evaluator, plan, hw.device.memory)
+        if result is not None and (best_result is None or result.step_time_s < best_result.step_time_s):
             best, best_result = plan, result
     return best, best_result
 
