@@ -30,6 +30,15 @@ def test_the_readme_lists_every_command():
                      "validate"}
 
 
+def test_the_readme_counts_the_built_ins_list_prints(run):
+    # the walkthrough's `dlperf list` comment said (22) and (16) after mpt/gpt-oss-120b and aws-p5/dgx-b300 etc. came in
+    counts = re.search(r"built-in models \((\d+)\) and hardware \((\d+)\)", README.read_text(encoding="utf-8"))
+    code, out, _ = run("list", "--format", "json")
+    assert code == 0 and counts
+    kinds = [row["kind"] for row in json.loads(out)]
+    assert (int(counts[1]), int(counts[2])) == (kinds.count("model"), kinds.count("hardware"))
+
+
 def _json(run, args: list[str]) -> dict:
     code, out, err = run(*args, "--format", "json")
     assert code == 0, err
