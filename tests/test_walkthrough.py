@@ -39,6 +39,18 @@ def test_the_readme_counts_the_built_ins_list_prints(run):
     assert (int(counts[1]), int(counts[2])) == (kinds.count("model"), kinds.count("hardware"))
 
 
+def test_the_readme_lists_every_plan_option_predict_takes():
+    # --mx-swizzle was missing from the list
+    from dlperf.commands.predict import predict
+
+    text = README.read_text(encoding="utf-8")
+    block = text[text.index("Plan options: `"):]
+    listed = set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", block[:block.index("`\n")]))
+    not_plan = {"--set", "--symbolic", "--latex", "--full", "--plot", "--format", "--help"}
+    taken = {opt for param in predict.params for opt in param.opts if opt.startswith("--")} - not_plan
+    assert listed == taken
+
+
 def _json(run, args: list[str]) -> dict:
     code, out, err = run(*args, "--format", "json")
     assert code == 0, err
