@@ -51,6 +51,15 @@ def test_the_readme_lists_every_plan_option_predict_takes():
     assert listed == taken
 
 
+def test_the_readme_counts_the_pending_rows_validate_lists():
+    # it said 119 in one place and 136 in another while `dlperf validate` listed 118
+    from dlperf.validate import load_pending
+
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    said = re.findall(r"(\d+) pending rows|(\d+) more published rows", text)
+    assert len(said) == 2 and {int(a or b) for a, b in said} == {len(load_pending())}
+
+
 def _json(run, args: list[str]) -> dict:
     code, out, err = run(*args, "--format", "json")
     assert code == 0, err
