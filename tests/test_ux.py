@@ -69,9 +69,22 @@ def test_the_note_says_data_parallelism_does_not_fit_and_by_how_much(run):
     code, out, _ = run("predict", "llama2-7b", "dgx-a100", "--gpus", "8", "--format", "json")
     assert code == 0
     notes = json.loads(out)["notes"]
-    assert re.fullmatch(r"degrees not given: pure data parallelism dp=8 does not fit \([\d.]+ GiB per device of "
-                        r"80 GiB\); chose dp=\d+ tp=\d+ pp=\d+( micro-batch \d+)? recompute=\w+ \(fastest that fits\)",
-                        notes[1]), notes
+    assert re.fullmatch(r"degrees not given: pure data parallelism dp=8 \(micro-batch 1, recompute none\) does not fit "
+                        r"\([\d.]+ GiB per device of 80 GiB\); chose dp=\d+ tp=\d+ pp=\d+ micro-batch \d+ recompute=\w+ "
+                        r"\(fastest that fits\)", notes[1]), notes
+
+
+def test_the_note_says_what_data_parallel_plan_did_not_fit_when_the_chosen_one_is_data_parallel_too(run):
+    # GPT-2 XL on 8 A100s, batch 512: pure data parallelism at micro-batch 64 without recomputation needs ~600 GiB;
+    # the plan chosen instead is dp=8 again, with full recomputation. The note said "dp=8 does not fit ...; chose
+    # dp=8 tp=1 pp=1 recompute=full", which read as a contradiction
+    code, out, err = run("predict", "gpt2-xl", "dgx-a100", "--gpus", "8", "--global-batch", "512", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["plan"]["dp"] == 8 and data["plan"]["micro_batch"] == 64 and data["plan"]["recompute"] == "full"
+    assert re.fullmatch(r"degrees not given: pure data parallelism dp=8 \(micro-batch 64, recompute none\) does not "
+                        r"fit \([\d.]+ GiB per device of 80 GiB\); chose dp=8 tp=1 pp=1 micro-batch 64 recompute=full "
+                        r"\(fastest that fits\)", data["notes"][0]), data["notes"]
 
 
 def test_a_moe_model_left_without_degrees_is_trained_expert_parallel(run):
@@ -93,9 +106,9 @@ def test_a_moe_model_that_needs_more_than_data_parallelism_still_gets_expert_par
     assert code == 0, err
     data = json.loads(out)
     assert data["plan"]["ep"] > 1 and data["fits"]
-    assert re.fullmatch(r"degrees not given: pure data parallelism dp=16 does not fit \([\d.]+ GiB per device of "
-                        r"[\d.]+ GiB\); chose dp=\d+ tp=\d+ pp=\d+ ep=\d+( micro-batch \d+)? recompute=\w+ "
-                        r"\(fastest that fits\)", data["notes"][1]), data["notes"]
+    assert re.fullmatch(r"degrees not given: pure data parallelism dp=16( ep=\d+)? \(micro-batch 1, recompute none\) "
+                        r"does not fit \([\d.]+ GiB per device of [\d.]+ GiB\); chose dp=\d+ tp=\d+ pp=\d+ ep=\d+ "
+                        r"micro-batch \d+ recompute=\w+ \(fastest that fits\)", data["notes"][1]), data["notes"]
 
 
 # ------------------------------------------------------------------------------ 2. does not fit, loudly

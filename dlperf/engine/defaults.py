@@ -94,16 +94,20 @@ def default_plan(model: Any, hw: Any, base: Plan, notes: list[str]) -> tuple[Pla
         notes.append(f"degrees not given: pure data parallelism dp={n} (the model fits){experts}")
         return data, notes
     if result is not None:
-        why = (f"pure data parallelism dp={n} does not fit ({q(result.memory_bytes_per_device, 'bytes')} per "
-               f"device of {q(hw.device.memory, 'bytes')})")
+        # the micro-batch and recomputation it was judged at: the plan chosen instead may be data-parallel too,
+        # at a smaller micro-batch or with recomputation, and the note must not read "dp=8 does not fit; chose dp=8"
+        tried = result.plan
+        experts = f" ep={tried['ep']}" if tried.get("ep", 1) > 1 else ""
+        why = (f"pure data parallelism dp={n}{experts} (micro-batch {tried['micro_batch']}, recompute "
+               f"{tried['recompute']}) does not fit ({q(result.memory_bytes_per_device, 'bytes')} per device of "
+               f"{q(hw.device.memory, 'bytes')})")
     plan, _ = best_plan(model, hw, base)
     if plan is None:
         notes.append(f"no plan fits in device memory: {why}; showing pure data parallelism")
         return data, notes
-    micro = f" micro-batch {plan.micro}" if plan.pp > 1 else ""
     experts = f" ep={plan.ep}" if plan.ep > 1 else ""
-    notes.append(f"degrees not given: {why}; chose dp={plan.data_parallel} tp={plan.tp} pp={plan.pp}{experts}{micro} "
-                 f"recompute={plan.recompute} (fastest that fits)")
+    notes.append(f"degrees not given: {why}; chose dp={plan.data_parallel} tp={plan.tp} pp={plan.pp}{experts} "
+                 f"micro-batch {plan.micro} recompute={plan.recompute} (fastest that fits)")
     return plan, notes
 
 
