@@ -69,9 +69,9 @@ def test_the_note_says_data_parallelism_does_not_fit_and_by_how_much(run):
     code, out, _ = run("predict", "llama2-7b", "dgx-a100", "--gpus", "8", "--format", "json")
     assert code == 0
     notes = json.loads(out)["notes"]
-    assert re.fullmatch(r"degrees not given: pure data parallelism dp=8 \(micro-batch 1, recompute none\) does not fit "
-                        r"\([\d.]+ GiB per device of 80 GiB\); chose dp=\d+ tp=\d+ pp=\d+ micro-batch \d+ recompute=\w+ "
-                        r"\(fastest that fits\)", notes[1]), notes
+    assert re.fullmatch(r"degrees not given: pure data parallelism dp=8 \(micro-batch 1, recompute none\) does not "
+                        r"fit \([\d.]+ GiB per device of 80 GiB\); chose dp=\d+ tp=\d+ pp=\d+ micro-batch \d+ "
+                        r"recompute=\w+ \(fastest that fits\)", notes[1]), notes
 
 
 def test_the_note_says_what_data_parallel_plan_did_not_fit_when_the_chosen_one_is_data_parallel_too(run):
@@ -314,6 +314,33 @@ def test_tables_show_times_with_units_and_fractions_as_percent(run):
     assert 0 < json.loads(out)[0]["mfu"] < 1  # JSON stays SI: a fraction, seconds
     code, out, _ = run("predict", "resnet50", "dgx-a100", "--gpus", "8", "--global-batch", "256")
     assert re.search(r"^compute/backward +\d+(\.\d+)? ms +\d+\.\d%$", out, re.M), out
+
+
+def test_predict_rates_follow_the_tables_number_rule(run):
+    # "1700.3 model TFLOP/s" beside "4,485.1 samples/s", and LeNet-5's "0.0 model TFLOP/s ..., MFU 0.0%"
+    code, out, _ = run("predict", "llama3-8b", "dgx-b200", "--gpus", "8", "--dp", "8", "--zero", "1",
+                       "--global-batch", "128", "--micro-batch", "1", "--dtype", "fp8")
+    assert code == 0
+    assert re.search(r"^per device      1,\d{3} model TFLOP/s \(1,\d{3} as executed: .*\), MFU \d+\.\d%$",
+                     out, re.M), out
+    code, out, _ = run("predict", "lenet5", "dgx-h100", "--gpus", "8")
+    assert code == 0
+    assert re.search(r"^throughput      \d,\d{3} samples/s$", out, re.M), out
+    assert re.search(r"^per device      0\.00\d{4} model TFLOP/s \(0\.00\d{4} as executed: .*\), MFU 0\.00\d\d%$",
+                     out, re.M), out
+
+
+def test_predict_csv_writes_a_list_as_its_comma_list(run):
+    # the plan's list fields came out as Python's tuple repr, "('layernorm', 'moe_act')" and "()"
+    import csv
+    import io
+
+    code, out, _ = run("predict", "qwen3-30b-a3b", "dgx-b200", "--gpus", "8", "--dp", "8", "--ep", "8",
+                       "--global-batch", "8", "--recompute-modules", "layernorm,moe_act", "--format", "csv")
+    assert code == 0
+    row = next(csv.DictReader(io.StringIO(out)))
+    lists = (row["plan.recompute_modules"], row["plan.input_ops"], row["plan.cuda_graphs"])
+    assert lists == ("layernorm,moe_act", "", "")
 
 
 def test_column_kinds():

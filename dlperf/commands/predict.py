@@ -328,13 +328,23 @@ def _render_prediction(result: Any, spec: Any, hw: Any, fmt: str) -> str:
     flat = {k: v for k, v in data.items() if not isinstance(v, (dict, list))}
     flat.update({f"breakdown_s.{k}": v for k, v in data["breakdown_s"].items()})
     flat.update({f"memory.{k}": v for k, v in data["memory"].items()})
-    flat.update({f"plan.{k}": v for k, v in data["plan"].items()})
+    # a list-valued plan field (recompute_modules, input_ops, grad_passes, cuda_graphs) as its comma list, as
+    # search's CSV writes it, not Python's tuple repr "('layernorm', 'moe_act')" / "()"
+    flat.update({f"plan.{k}": ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v
+                 for k, v in data["plan"].items()})
     if fmt == "csv":
         return render([flat], "csv")
     return _table(result, spec, hw)
 
 
+def _percent(fraction: float) -> str:
+    """A fraction as the tables show it (40.5%), with two significant digits where one decimal would read 0.0%."""
+    pct = 100 * fraction
+    return f"{pct:.1f}%" if pct == 0 or abs(pct) >= 0.05 else f"{pct:.2g}%"
+
+
 def _table(r: Any, spec: Any, hw: Any) -> str:
+    from dlperf.report import _cell
     from dlperf.units import format_quantity as q
 
     p = r.plan
@@ -349,10 +359,12 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
     by_type = sorted(r.per_type_s.items(), key=lambda kv: -kv[1])[:6]
     lines.append("by layer type   " + ", ".join(f"{k} {q(v, 'time')}" for k, v in by_type))
     lines.append(f"step time       {q(r.step_time_s, 'time')}")
-    lines.append(f"throughput      {r.throughput_samples_per_s:,.1f} samples/s")
-    lines.append(f"per device      {r.model_tflops_per_device:.1f} model TFLOP/s "
-                 f"({r.hardware_tflops_per_device:.1f} as executed: recomputation in, causal attention's "
-                 f"skipped blocks out), MFU {100 * r.mfu:.1f}%")
+    # rates by the tables' number rule (report._cell: 4 significant digits, thousands separated), so that a B200's
+    # 1,700 TFLOP/s is not "1700.3" beside "4,485.1 samples/s", and LeNet's rate is not "0.0 model TFLOP/s"
+    lines.append(f"throughput      {_cell(float(r.throughput_samples_per_s))} samples/s")
+    lines.append(f"per device      {_cell(float(r.model_tflops_per_device))} model TFLOP/s "
+                 f"({_cell(float(r.hardware_tflops_per_device))} as executed: recomputation in, causal attention's "
+                 f"skipped blocks out), MFU {_percent(r.mfu)}")
     mem = r.memory
     parts = ", ".join(f"{k} {q(v, 'bytes')}" for k, v in mem.items() if k != "total" and v)
     fits = "fits" if r.fits else f"DOES NOT FIT in {q(hw.device.memory, 'bytes')}"
