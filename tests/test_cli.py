@@ -85,6 +85,9 @@ def test_set_must_be_a_whole_number_and_a_count_positive(run):
     assert code == 2 and "positive integer" in err
     code, _, _ = run("show", "deepseek-v3", "--set", "mtp_layers=0")  # an optional part, off by default
     assert code == 0
+    # a negative value was told "expected a whole number (at most 2**53)", as if it were too large
+    code, out, err = run("show", "gpt", "--set", "layers=-1")
+    assert (code, out, err) == (2, "", "Error: --set layers; expected a whole number from 0 to 2**53, found '-1'\n")
 
 
 def test_help_lists_commands():

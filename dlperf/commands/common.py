@@ -127,7 +127,7 @@ def parse_sets(sets: tuple[str, ...]) -> dict[str, int | bool]:
         if not _INT.match(value) or len(value) > 20:
             raise SpecError(f"--set {name}", expected="a whole number or true/false", found=value)
         if not 0 <= int(value) <= MAX_INT:
-            raise SpecError(f"--set {name}", expected="a whole number (at most 2**53)", found=value)
+            raise SpecError(f"--set {name}", expected="a whole number from 0 to 2**53", found=value)
         out[name] = int(value)
     return out
 
