@@ -90,6 +90,19 @@ def test_set_must_be_a_whole_number_and_a_count_positive(run):
     assert (code, out, err) == (2, "", "Error: --set layers; expected a whole number from 0 to 2**53, found '-1'\n")
 
 
+def test_predict_help_says_what_is_filled_in(run):
+    # --global-batch and --micro-batch said nothing of their defaults, --dp "devices/(tp*pp)" though a plan with
+    # no degree given is searched for
+    code, out, _ = run("predict", "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    assert "--global-batch INTEGER Samples per step over all replicas (default: one per device)." in text
+    assert ("--micro-batch INTEGER Samples per micro-batch per replica (default: 1 with pipelining, else the whole "
+            "per-replica batch in one pass).") in text
+    assert ("With none of --dp, --tp, --pp, --ep and --cp given, the degrees are filled in: pure data parallelism "
+            "when the model fits, else the fastest plan that fits; a note says which.") in text
+
+
 def test_help_lists_commands():
     from click.testing import CliRunner
 

@@ -42,10 +42,13 @@ def plan_options(fn: Callable) -> Callable:
     """Every plan knob as an option (shared by predict, explain and search-like commands)."""
     options = [
         click.option("--gpus", "devices", type=POSITIVE, default=None,
-                     help="Number of devices (default: dp*tp*pp or 1)."),
-        click.option("--dp", type=POSITIVE, default=None, help="Data-parallel degree (default: devices/(tp*pp))."),
-        click.option("--tp", type=POSITIVE, default=None, help="Tensor (model) parallel degree."),
-        click.option("--pp", type=POSITIVE, default=None, help="Pipeline-parallel degree (stages)."),
+                     help="Number of devices (default: dp*tp*pp*cp, 1 when no degree is given)."),
+        click.option("--dp", type=POSITIVE, default=None,
+                     help="Data-parallel degree (default: devices/(tp*pp*cp)). With none of --dp, --tp, --pp, --ep "
+                          "and --cp given, the degrees are filled in: pure data parallelism when the model fits, "
+                          "else the fastest plan that fits; a note says which."),
+        click.option("--tp", type=POSITIVE, default=None, help="Tensor (model) parallel degree (default: 1)."),
+        click.option("--pp", type=POSITIVE, default=None, help="Pipeline-parallel degree (stages; default: 1)."),
         click.option("--cp", type=POSITIVE, default=1, show_default=True,
                      help="Context-parallel degree: each sequence split over this many ranks."),
         click.option("--cp-algorithm", type=click.Choice(["ring", "ulysses"]), default="ring", show_default=True,
@@ -76,8 +79,11 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--moe-imbalance", type=Finite(1, 1000), default=None,
                      help="Tokens of the busiest expert-parallel rank over the mean (default 1.25, Switch "
                           "Transformer's capacity factor)."),
-        click.option("--global-batch", type=BATCH, default=None, help="Samples per step over all replicas."),
-        click.option("--micro-batch", type=BATCH, default=None, help="Samples per micro-batch per replica."),
+        click.option("--global-batch", type=BATCH, default=None,
+                     help="Samples per step over all replicas (default: one per device)."),
+        click.option("--micro-batch", type=BATCH, default=None,
+                     help="Samples per micro-batch per replica (default: 1 with pipelining, else the whole "
+                          "per-replica batch in one pass)."),
         click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved", "dualpipe"]), default="1f1b",
                      show_default=True, help="Pipeline schedule (dualpipe: DeepSeek-V3's bidirectional pipeline, "
                                              "expert all-to-alls hidden behind paired chunks; needs an even pp)."),
