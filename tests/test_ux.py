@@ -330,6 +330,16 @@ def test_predict_rates_follow_the_tables_number_rule(run):
                      out, re.M), out
 
 
+def test_the_by_layer_type_line_says_what_it_leaves_out(run):
+    # it showed the six dearest layer types and dropped the rest without a word (GPT-3's gelu, 110 ms)
+    code, out, _ = run("predict", *GPT3_MEGATRON, "--micro-batch", "1", "--recompute", "full")
+    line = next(line for line in out.splitlines() if line.startswith("by layer type"))
+    code, js, _ = run("predict", *GPT3_MEGATRON, "--micro-batch", "1", "--recompute", "full", "--format", "json")
+    per_type = json.loads(js)["per_type_s"]
+    assert len(per_type) == 7 and line.count(" s,") + line.count(" ms,") == 6
+    assert line.endswith(", 1 more in --format json (per_type_s)") and "gelu" not in line
+
+
 def test_predict_csv_writes_a_list_as_its_comma_list(run):
     # the plan's list fields came out as Python's tuple repr, "('layernorm', 'moe_act')" and "()"
     import csv

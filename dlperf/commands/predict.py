@@ -362,8 +362,9 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
     lines += [f"note: {n}" for n in r.notes]
     rows = [{"part": k, "time_s": v, "share": v / r.step_time_s} for k, v in r.breakdown_s.items() if v]
     lines.append(render(rows, "table"))
-    by_type = sorted(r.per_type_s.items(), key=lambda kv: -kv[1])[:6]
-    lines.append("by layer type   " + ", ".join(f"{k} {q(v, 'time')}" for k, v in by_type))
+    by_type = sorted(r.per_type_s.items(), key=lambda kv: -kv[1])
+    rest = f", {len(by_type) - 6} more in --format json (per_type_s)" if len(by_type) > 6 else ""
+    lines.append("by layer type   " + ", ".join(f"{k} {q(v, 'time')}" for k, v in by_type[:6]) + rest)
     lines.append(f"step time       {q(r.step_time_s, 'time')}")
     # rates by the tables' number rule (report._cell: 4 significant digits, thousands separated), so that a B200's
     # 1,700 TFLOP/s is not "1700.3" beside "4,485.1 samples/s", and LeNet's rate is not "0.0 model TFLOP/s"
