@@ -528,7 +528,12 @@ def _scaled_hardware(hw: Any, factor: float) -> list[tuple[str, Any]]:
     for i, level in enumerate(hw.network):
         for attr, word in (("bandwidth", "bandwidth"), ("latency", "latency")):
             net = list(hw.network)
-            net[i] = replace(level, **{attr: getattr(level, attr) * factor})
+            changed = {attr: getattr(level, attr) * factor}
+            if attr == "bandwidth" and level.nvls_bandwidth is not None:
+                # NVLS runs over the same switch links: without this, a level whose collectives NCCL runs as NVLS
+                # (H100/B200 tensor parallelism) showed "+10% nvswitch bandwidth -> +0.0%" at 30% of the step
+                changed["nvls_bandwidth"] = level.nvls_bandwidth * factor
+            net[i] = replace(level, **changed)
             out.append((f"{level.name} {word}", replace(hw, network=tuple(net))))
     return out
 

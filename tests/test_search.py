@@ -195,6 +195,20 @@ def test_explain_rescales_one_constant(gpt, a100):
     assert out["bottleneck"] == max(base.breakdown_s, key=base.breakdown_s.get)
 
 
+def test_explain_scales_a_levels_nvls_bandwidth_with_its_links():
+    """H100 tensor parallelism all-reduces over NVLS, priced at the level's measured nvls_bandwidth: "+10% nvswitch
+    bandwidth" moved nothing (+0.0%) with comm/tp at 30% of the step, as the NVLS figure stayed put."""
+    model, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
+    assert hw.network[0].nvls_bandwidth is not None
+    plan = Plan(devices=8, tp=8, global_batch=8, micro_batch=1)
+    rows = {r["change"]: r["step_time_s"] for r in explain(model, hw, plan)["sensitivities"]}
+    level = replace(hw.network[0], bandwidth=1.1 * hw.network[0].bandwidth,
+                    nvls_bandwidth=1.1 * hw.network[0].nvls_bandwidth)
+    faster = replace(hw, network=(level, *hw.network[1:]))
+    assert _close(rows["+10% nvswitch bandwidth"], predict(model, faster, plan).step_time_s)
+    assert rows["+10% nvswitch bandwidth"] < 0.99 * predict(model, hw, plan).step_time_s
+
+
 def test_explain_perturbs_the_loader_and_the_layout_the_plan_names():
     """An input-bound NCHW ResNet-50 step: explain re-predicts with twice the loader workers and with NHWC, the two
     knobs that can move it (a step waiting for data moves with no hardware constant but the host's)."""
