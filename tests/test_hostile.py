@@ -290,8 +290,8 @@ PLAN_COMBINATIONS = [
     ["--gpus", "16", "--cp", "3"], ["--gpus", "16", "--pp", "4", "--cp", "2", "--ep", "8"],
     ["--gpus", "16", "--cp", "2", "--cp-algorithm", "ulysses", "--tp", "16"],
     # with degrees left out a MoE model's filled-in plan is expert-parallel (engine/defaults.py expert_degrees),
-    # so the dispatcher rule is met there; given dp alone, ep stays 1
-    ["--gpus", "16", "--dp", "16", "--ep-dispatcher", "deepep"], ["--gpus", "16", "--ep-overlap"],
+    # so the dispatcher's and the overlap's rules are met there; given dp alone, ep stays 1
+    ["--gpus", "16", "--dp", "16", "--ep-dispatcher", "deepep"], ["--gpus", "16", "--dp", "16", "--ep-overlap"],
 ]
 
 
