@@ -136,6 +136,7 @@ class StepModel:
         self.metrics = synced_metrics(model)  # training metrics synced every step (dlperf.engine.metric_sync)
         self.comm = _PricedComm(_comm(), hw)
         self._stages: dict[tuple, tuple[list[StageCost], StageCost, Any, Any]] = {}
+        self._slowest: dict[tuple, tuple[list[StageCost], StageCost, Any, Any]] = {}  # `stages` per slowest-stage key
         self._cost: dict[tuple, StageCost] = {}
         self._holds: dict[tuple, list[StageCost] | None] = {}  # stage_memory's stages per split (_held)
         self._uniform: dict[int, list[list[Any]] | None] = {}  # _partition's split per pp
@@ -169,7 +170,13 @@ class StepModel:
         if key not in self._stages and self._partition(plan, dtype, e) is not None:
             self._stages[key] = self._staged(self._partition(plan, dtype, e), plan, dtype, e)
         if key in self._stages:
-            return self._stages[key]
+            # the stages are the key's; the slowest of them is picked with the plan's gradient accumulation, which
+            # reads more of the plan (_accumulation_key: ZeRO-2 shards what a stage accumulates, grad_dtype sizes it)
+            choice = (key, *_accumulation_key(plan))
+            if choice not in self._slowest:
+                stages, _, params, boundary = self._stages[key]
+                self._slowest[choice] = stages, self._slowest_of(stages, plan, dtype), params, boundary
+            return self._slowest[choice]
         # a balanced partition is chosen for the whole plan (it weighs communication, see _balanced)
         if plan not in self._stages:
             self._stages[plan] = self._balanced(plan, dtype, e)
@@ -179,9 +186,12 @@ class StepModel:
                 cost: Any = None) -> tuple[list[StageCost], StageCost, Any, Any]:
         stages = [(cost or self._cost_of)(n, plan, dtype, e) for n in nodes]
         boundary = max((numel(out_shape(n[-1], self.model.input_shape)) for n in nodes[:-1]), default=0)
-        # the slowest stage counts its gradient accumulation, which grows with its parameters, not its work
-        slow = max(stages, key=lambda s: s.pass_time(_grad_accumulation(self.hw, plan, s.params, dtype)))
-        return stages, slow, max(s.params for s in stages), boundary
+        return stages, self._slowest_of(stages, plan, dtype), max(s.params for s in stages), boundary
+
+    def _slowest_of(self, stages: list[StageCost], plan: Plan, dtype: str) -> StageCost:
+        """The stage whose passes last longest, counting its gradient accumulation, which grows with its
+        parameters, not its work (the first of equals)."""
+        return max(stages, key=lambda s: s.pass_time(_grad_accumulation(self.hw, plan, s.params, dtype)))
 
     def _balanced(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
         """The pipeline split of a model without a uniformly divisible repeated block: of the contiguous splits
@@ -232,7 +242,7 @@ class StepModel:
         if key not in self._cost:
             self._cost[key] = stage_cost(self._tp_uses(nodes, plan), plan.micro, e, self._hw_for(plan), dtype, plan.tp,
                                          plan.sequence_parallel, plan.recompute, self._tp_comm(plan.tp),
-                                         self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan),
+                                         self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan, dtype),
                                          self._kernel_times, self._policy(plan), plan.memory_format == "nchw",
                                          plan.fp8_scaling, plan.mx_swizzle, _graphs(plan), plan.fp8_weight_transpose)
         return self._cost[key]
@@ -265,7 +275,7 @@ class StepModel:
         if key not in self._cost:
             self._cost[key] = stage_memory(self._tp_uses(nodes, plan), plan.micro, e, dtype, plan.tp,
                                            plan.sequence_parallel, plan.recompute, self.fp8,
-                                           _parallel(self.comm, self.hw, plan), self._policy(plan))
+                                           _parallel(self.comm, self.hw, plan, dtype), self._policy(plan))
         return self._cost[key]
 
     def _policy(self, plan: Plan) -> ActivationPolicy | None:
@@ -1143,12 +1153,14 @@ def _optimizer_time_split(hw: Hardware, plan: Plan, params: Any, expert_params: 
     return dense + _optimizer_time(hw, _expert_group(plan), expert_params, loop=loop)
 
 
-def _parallel(comm: Any, hw: Hardware, plan: Plan) -> Parallel | None:
+def _parallel(comm: Any, hw: Hardware, plan: Plan, dtype: str | None = None) -> Parallel | None:
     """Expert and context parallelism with their groups placed as Megatron-Core orders ranks: the attention's
     generator puts tp innermost, then cp, then dp (cp ranks tp apart); the experts' own generator folds cp into
     the expert data parallelism, order tp-ep-dp (expert_decoder_rank_generator: tp = expert tp, ep, dp = world /
     (etp*ep*pp), cp = 1; NVIDIA/Megatron-LM @00caa53a megatron/core/parallel_state.py, initialize_model_parallel),
-    so ep ranks lie tp apart whatever cp is (expert tp = tp, its default)."""
+    so ep ranks lie tp apart whatever cp is (expert tp = tp, its default). `dtype` is the one the plan computes in
+    (StepModel._dtype: the plan's, else the model's; None: the plan's own), which decides DeepEP's FP8 dispatch."""
+    dtype = plan.dtype if dtype is None else dtype
     if plan.ep == 1 and plan.cp == 1:
         return None
     ep_group, cp_group = comm.Group(plan.ep, plan.tp), comm.Group(plan.cp, plan.tp)
@@ -1164,7 +1176,7 @@ def _parallel(comm: Any, hw: Hardware, plan: Plan) -> Parallel | None:
         ep_alltoall_node=lambda nbytes: comm.collective_time("alltoall", nbytes, inside, hw),
         ep_allgather=lambda nbytes: comm.collective_time("allgather", nbytes, ep_group, hw),
         sync_gap=sync_gap(hw.device),
-        ep_dispatcher=plan.ep_dispatcher, fp8_dispatch=plan.ep_dispatcher == "deepep" and is_recipe(plan.dtype),
+        ep_dispatcher=plan.ep_dispatcher, fp8_dispatch=plan.ep_dispatcher == "deepep" and is_recipe(dtype),
         ep_kernel=_ep_kernel(hw, plan, nodes),
         cp_alltoall=lambda nbytes: comm.collective_time("alltoall", nbytes, cp_group, hw),
         cp_send=lambda nbytes: comm.p2p_time(nbytes, hw, level, crossing),
@@ -1306,6 +1318,12 @@ def _grad_accumulation(hw: Hardware, plan: Plan, params: Any, dtype: str) -> Any
     fsdp = _fsdp_unsharded_grad_bytes(plan, dtype) * params
     passes = grad_pass_time(plan.grad_passes, params, e, element_bytes(dtype), bw, hw.device.launch_latency)
     return (3 * e * params / shard + fsdp) / bw + hw.device.launch_latency + passes
+
+
+def _accumulation_key(plan: Plan) -> tuple:
+    """What _grad_accumulation reads of a plan besides the dtype, dp and cp (which StepModel.stages' key holds):
+    the slowest stage is chosen with it, so that choice's memo keys on this as well."""
+    return plan.zero, plan.zero_impl, plan.grad_dtype, plan.grad_passes
 
 
 def _fsdp_unsharded_grad_bytes(plan: Plan, dtype: str) -> int:
