@@ -401,6 +401,74 @@ def test_cp_attention_flops_sum_to_unsplit():
             assert cp * unsplit / core_divisor(cp, attention, algorithm) == unsplit
 
 
+def _attention_use(model):
+    from dlperf.engine.context import ATTENTION_OPS
+    from dlperf.engine.layers import tp_uses
+
+    return next(use for use in tp_uses(model) if use.layer.op in ATTENTION_OPS)
+
+
+def _rank_kernel(use, kernel, cp: int, algorithm: str = "ring"):
+    """The fused attention kernel as stage_cost prices it on one context-parallel rank."""
+    from dlperf.engine.context import Parallel
+    from dlperf.engine.stage import _cp_kernel, _cp_split
+
+    return _cp_kernel(kernel, _cp_split(use, kernel, Parallel(cp=cp, cp_algorithm=algorithm)))
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "deepseek-v3"])
+def test_cp_fused_attention_flops_forward_and_backward_sum_to_unsplit(name):
+    """A causal fused attention kernel (FlashAttention; DeepSeek-V3's MLA) on cp ranks, summed over the ranks,
+    executes the unsplit kernel's forward and backward FLOPs, the scores its backward recomputes included:
+    Transformer Engine's ring runs the backward on the forward's cp tiles, in reverse (AttnFuncWithCPAndKVP2P,
+    dlperf.engine.stage._cp_kernel), and Ulysses gives each rank heads/cp whole heads. The recomputed QK^T was
+    left undivided, so every rank kept the whole sequence's."""
+    from dlperf.engine.stage import use_kernels
+
+    use = _attention_use(load_model(name, {"seq": 8192}))
+    flash = next(k for k in use_kernels(use, 1, 2, load_hardware("dgx-h100"), "bf16", 1)
+                 if k.name == "flash_attention")
+    assert flash.bwd_recompute_flops > 0
+    for cp in (2, 4, 8):
+        for algorithm in ("ring", "ulysses"):
+            rank = _rank_kernel(use, flash, cp, algorithm)
+            assert cp * rank.cost.fwd_flops == pytest.approx(flash.cost.fwd_flops, rel=1e-12)
+            assert cp * rank.bwd_flops == pytest.approx(flash.bwd_flops, rel=1e-12)
+            assert cp * rank.bwd_recompute_flops == pytest.approx(flash.bwd_recompute_flops, rel=1e-12)
+
+
+def test_cp_attention_backward_time_divides_by_cp_at_long_sequences():
+    """Llama 3 8B at tp 8 and seq 131072 on an H100: a ring rank's fused attention backward at cp = k takes the
+    cp = 1 time over k, plus what the curve charges every launch whatever its size, Hockney's startup t0 and the
+    launch latency, kept whole on each rank: t_k = t_1 / k + (1 - 1/k) F, F = launches x (t0 + latency). So t_k
+    lies within (k - 1) F / t_1 of t_1 / k: 2.0e-3 at k = 8 (F = 2 x 9.9 us against t_1 = 70 ms), the tolerance
+    the curve itself sets. The forward divides the same way, so the backward-to-forward ratio stays (within the
+    two passes' tolerances). The curve's key-length term (seq_half) is read at the kernel's `seq`, which
+    _cp_kernel leaves at the whole sequence, so it cancels here; pricing it at each ring tile's key length would
+    be a factor of its own. Before the backward's recomputed scores were split, cp = 8 priced it at 3.3x
+    t_1 / 8."""
+    from dlperf.engine.device import compute_efficiency, kernel_times, startup_time
+    from dlperf.engine.stage import use_kernels
+
+    hw, tp = load_hardware("dgx-h100"), 8
+    device = hw.device
+    use = _attention_use(load_model("llama3-8b", {"seq": 131072}))
+    flash = next(k for k in use_kernels(use, 1, 2, hw, "bf16", tp) if k.name == "flash_attention")
+    eff = compute_efficiency(device, flash.cls, "bf16")
+    per_launch = startup_time(eff, max(device.peak_flops.values())) + device.launch_latency
+    fwd_launches, bwd_launches = flash.phase_launches
+    fwd_1, bwd_1 = kernel_times(flash, device, "bf16", tp, use.tp_dim)
+    for k in (2, 4, 8):
+        fwd_k, bwd_k = kernel_times(_rank_kernel(use, flash, k), device, "bf16", tp, use.tp_dim)
+        assert bwd_k == pytest.approx(bwd_1 / k + (1 - 1 / k) * bwd_launches * per_launch, rel=1e-9)
+        assert fwd_k == pytest.approx(fwd_1 / k + (1 - 1 / k) * fwd_launches * per_launch, rel=1e-9)
+        tolerance = (k - 1) * bwd_launches * per_launch / bwd_1
+        assert abs(bwd_k / (bwd_1 / k) - 1) <= tolerance * (1 + 1e-9)
+        fwd_tolerance = (k - 1) * fwd_launches * per_launch / fwd_1
+        assert bwd_k / fwd_k == pytest.approx(bwd_1 / fwd_1, rel=tolerance + fwd_tolerance)
+    assert (8 - 1) * bwd_launches * per_launch / bwd_1 == pytest.approx(2.0e-3, abs=0.05e-3)
+
+
 def test_cp_divides_activation_memory():
     model, hw = load_model("llama2-7b"), load_hardware("dgx-h100")
     plan = Plan(devices=8, tp=2, global_batch=4, micro_batch=1, sequence_parallel=True)

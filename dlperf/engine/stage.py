@@ -448,14 +448,23 @@ def _add_tp_comm(out: StageCost, use: Use, batch: Any, e: int, tp: int, recomput
 
 def _cp_kernel(kernel: Kernel, divisor: Any) -> Kernel:
     """The kernel on one context-parallel rank: its FLOPs and bytes divided, and a GEMM's token rows m (for tile
-    and wave quantization) with them; the launches stay."""
+    and wave quantization) with them; the launches stay.
+
+    A fused attention kernel's backward also recomputes QK^T (`bwd_recompute_flops`), over the blocks the rank
+    holds, so that divides too. Transformer Engine's ring attention runs the backward on the same cp tiles as the
+    forward, in reverse (NVIDIA/TransformerEngine @d0067d0d, transformer_engine/pytorch/attention/
+    dot_product_attention/context_parallel.py: AttnFuncWithCPAndKVP2P.backward, "Reverse the steps in forward",
+    lines 2577-2618; cp_p2p_bwd_fused_attn, lines 1171-1183, halves max_seqlen_kv / max_seqlen_q for the lower /
+    upper-triangle tiles as cp_p2p_fwd_fused_attn does, lines 871-912), and each tile's backward kernel
+    recomputes the scores of that tile only. Left undivided it kept the whole sequence's recomputed QK^T on
+    every rank: Llama 3 8B at tp 8, seq 131072, cp 8 priced the attention backward at 3.3x its cp 1 share."""
     if divisor == 1:
         return kernel
     c = kernel.cost
     cost = Cost(c.fwd_flops / divisor, c.bwd_data_flops / divisor, c.bwd_weight_flops / divisor,
                 c.fwd_bytes / divisor, c.bwd_bytes / divisor, c.depth, c.bwd_depth)
     shape = kernel.gemm and (kernel.gemm[0], kernel.gemm[1] / divisor, *kernel.gemm[2:])
-    return replace(kernel, cost=cost, gemm=shape)
+    return replace(kernel, cost=cost, gemm=shape, bwd_recompute_flops=kernel.bwd_recompute_flops / divisor)
 
 
 def _cp_split(use: Use, kernel: Kernel, par: Parallel) -> Any:
