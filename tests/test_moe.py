@@ -469,6 +469,83 @@ def test_cp_attention_backward_time_divides_by_cp_at_long_sequences():
     assert (8 - 1) * bwd_launches * per_launch / bwd_1 == pytest.approx(2.0e-3, abs=0.05e-3)
 
 
+@pytest.mark.parametrize("cp", [1, 2, 3, 4, 8])
+def test_ring_steps_cover_each_ranks_blocks(cp):
+    """Transformer Engine's cp ring tiles per rank (diagonal, then half-key or half-query tiles) hold exactly the
+    rank's unmasked blocks, 1/cp of them each; rank r runs r half-key tiles, the last rank cp - 1 of them."""
+    from dlperf.engine.context import ring_steps
+
+    for causal in (False, True):
+        for rank in range(cp):
+            steps = ring_steps(cp, causal, rank)
+            assert len(steps) == cp and sum(share for share, _ in steps) == 1
+            assert {share for share, _ in steps} == {Fraction(1, cp)}
+            keys = [k for _, k in steps]
+            assert keys[0] == Fraction(1, cp)
+            assert keys.count(Fraction(1, 2 * cp)) == (rank if causal and cp > 1 else 0)
+    assert ring_steps(cp, True) == ring_steps(cp, True, cp - 1)
+
+
+def _step_kernels(use, kernel, cp: int, algorithm: str = "ring"):
+    from dlperf.engine.context import Parallel
+    from dlperf.engine.stage import _cp_kernels
+
+    return _cp_kernels(use, kernel, Parallel(cp=cp, cp_algorithm=algorithm))
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "deepseek-v3"])
+def test_ring_step_kernels_sum_to_the_ranks_share(name):
+    """The ring step kernels of a causal fused attention kernel (FlashAttention; DeepSeek-V3's MLA) execute, summed,
+    the unsplit kernel's forward, backward and recomputed FLOPs over cp, in cp launches each way; Ulysses stays one
+    kernel over the whole sequence."""
+    from dlperf.engine.stage import use_kernels
+
+    use = _attention_use(load_model(name, {"seq": 8192}))
+    flash = next(k for k in use_kernels(use, 1, 2, load_hardware("dgx-h100"), "bf16", 1)
+                 if k.name == "flash_attention")
+    for cp in (2, 4, 8):
+        steps = _step_kernels(use, flash, cp)
+        assert [k.seq for k in steps] == [8192 / cp, 8192 / (2 * cp)]
+        assert cp * sum(k.cost.fwd_flops for k in steps) == pytest.approx(flash.cost.fwd_flops, rel=1e-12)
+        assert cp * sum(k.bwd_flops for k in steps) == pytest.approx(flash.bwd_flops, rel=1e-12)
+        assert cp * sum(k.bwd_recompute_flops for k in steps) == pytest.approx(flash.bwd_recompute_flops,
+                                                                                rel=1e-12)
+        assert sum(k.phase_launches[0] for k in steps) == cp * flash.phase_launches[0]
+        assert sum(k.phase_launches[1] for k in steps) == cp * flash.phase_launches[1]
+        assert _step_kernels(use, flash, cp, "ulysses") == [_rank_kernel(use, flash, cp, "ulysses")]
+
+
+@pytest.mark.parametrize(("seq", "cp"), [(8192, 2), (131072, 8), (8192, 4)])
+def test_ring_rank_attention_time_is_its_step_kernels(seq, cp):
+    """A ring rank's fused attention time (Llama 3 8B, tp 8, H100) is the cp step kernels' times on the curve, each
+    at its tile's key length (s/cp diagonal, s/2cp the half-key tiles of the slowest rank) with its own launch,
+    computed here from the curve; never below the whole-sequence kernel divided by cp (short keys are slower)."""
+    from dlperf.engine.device import compute_efficiency, head_dim_stretch, kernel_times, phase_time
+    from dlperf.engine.stage import use_kernels
+
+    hw, tp, dtype = load_hardware("dgx-h100"), 8, "bf16"
+    device = hw.device
+    use = _attention_use(load_model("llama3-8b", {"seq": seq}))
+    flash = next(k for k in use_kernels(use, 1, 2, hw, dtype, tp) if k.name == "flash_attention")
+    half = compute_efficiency(device, flash.cls, dtype).seq_half
+    hd_fwd, hd_bwd = head_dim_stretch(flash, device, dtype)
+    fwd_launches, bwd_launches = flash.phase_launches
+    c = flash.cost
+    expected_fwd = expected_bwd = 0.0
+    for keys in [seq / cp] + [seq / (2 * cp)] * (cp - 1):
+        stretch = (keys + half) / keys
+        expected_fwd += phase_time(c.fwd_flops / cp / cp / tp, c.fwd_bytes / cp / cp / tp, fwd_launches,
+                                   flash.cls, device, dtype, stretch * hd_fwd)
+        expected_bwd += phase_time(flash.bwd_flops / cp / cp / tp, c.bwd_bytes / cp / cp / tp, bwd_launches,
+                                   flash.cls, device, dtype, stretch * hd_bwd)
+    times = [kernel_times(k, device, dtype, tp, use.tp_dim) for k in _step_kernels(use, flash, cp)]
+    fwd, bwd = sum(t[0] for t in times), sum(t[1] for t in times)
+    assert fwd == pytest.approx(expected_fwd, rel=1e-12)
+    assert bwd == pytest.approx(expected_bwd, rel=1e-12)
+    divided_fwd, divided_bwd = kernel_times(_rank_kernel(use, flash, cp), device, dtype, tp, use.tp_dim)
+    assert fwd > divided_fwd and bwd > divided_bwd
+
+
 def test_cp_divides_activation_memory():
     model, hw = load_model("llama2-7b"), load_hardware("dgx-h100")
     plan = Plan(devices=8, tp=2, global_batch=4, micro_batch=1, sequence_parallel=True)

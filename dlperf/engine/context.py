@@ -108,6 +108,49 @@ def core_shares(cp: int, causal: bool, balanced: bool = True) -> list[Fraction]:
     return [w / total for w in work]
 
 
+def _tile_work(queries: tuple[int, ...], keys: tuple[int, ...], causal: bool) -> Fraction:
+    """Blocks of work in one (query chunks x key chunks) tile, counted as core_shares counts them."""
+    return sum((Fraction(1) if not causal or k < q else Fraction(1, 2) if k == q else Fraction(0)
+                for q in queries for k in keys), Fraction(0))
+
+
+def ring_steps(cp: int, causal: bool, rank: int | None = None) -> list[tuple[Fraction, Fraction]]:
+    """(share of the rank's attention work, key length over the whole sequence's) of each of the cp fused-attention
+    kernels a load-balanced ring rank launches per pass, as Transformer Engine's AttnFuncWithCPAndKVP2P runs them
+    (NVIDIA/TransformerEngine @d0067d0d, transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py). Rank r holds chunks r and 2cp-1-r (chunk_owner); at step i it holds the keys and values of
+    rank (r - i) mod cp. Causal (forward, lines 1796-1895): step 0 is the "diagonal" tile, its own 2 chunks against
+    themselves under the causal mask; steps i <= r the "lower-triangle" tile, both query chunks against the first
+    key chunk only (max_seqlen_kv // 2, lines 871-885: the second is wholly masked); steps i > r the
+    "upper-triangle" tile, the second query chunk only (max_seqlen_q // 2, lines 886-912: the first sees no key)
+    against both key chunks, unmasked. The backward runs the same tiles in reverse (lines 2577-2618; max_seqlen
+    halved alike in cp_p2p_bwd_fused_attn, lines 1171-1183). Without the mask every step is the whole 2 x 2 chunk
+    tile ("all"). The work is counted from the tile shapes; every tile holds 2 chunk-blocks of work (4 unmasked),
+    so every step is 1/cp of the rank's work (the shares, over the rank's unmasked blocks, sum to 1: the halved
+    tiles drop only masked blocks) and every rank does the same work. The ranks differ in key lengths:
+    rank r runs r half-key tiles, so rank cp-1 (the default), whose every off-diagonal tile has half the keys,
+    is the slowest on a curve that penalizes short keys, and the ring, whose step i waits for every rank's tile i,
+    runs at its pace."""
+    rank = cp - 1 if rank is None else rank
+    mine = (rank, 2 * cp - 1 - rank)
+    tiles = []
+    for i in range(cp):
+        j = (rank - i) % cp
+        theirs = (j, 2 * cp - 1 - j)
+        if not causal:
+            queries, keys = mine, theirs
+        elif i == 0:
+            queries, keys = mine, mine
+        elif i <= rank:
+            queries, keys = mine, theirs[:1]
+        else:
+            queries, keys = mine[1:], theirs
+        tiles.append((_tile_work(queries, keys, causal), Fraction(len(keys), 2 * cp)))
+    whole = _tile_work(tuple(range(2 * cp)), tuple(range(2 * cp)), causal)
+    work = core_shares(cp, causal)[rank] * whole  # the rank's unmasked blocks: the tiles skip only masked ones
+    return [(tile / work, keys) for tile, keys in tiles]
+
+
 def core_divisor(cp: int, layer: Layer, algorithm: str) -> Any:
     """What the slowest rank's attention-core time is divided by: 1 / its share. Ulysses gives every rank
     heads/cp whole heads (an exact 1/cp); ring attention gives the busiest rank's block share."""

@@ -16,6 +16,7 @@ from dlperf.engine.context import (
     ep_dispatch_extra,
     ep_exchange,
     expert_load,
+    ring_steps,
 )
 from dlperf.engine.cuda_graphs import Graphs, eager_share, eager_use_share, replays, sublayer_share
 from dlperf.engine.device import dispatch_times, kernel_times
@@ -215,10 +216,10 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         gemm = {"fwd": 0.0, "bwd": 0.0}  # this layer's weight-GEMM seconds per pass: what overlap hides behind
         core = [0.0, 0.0]  # this layer's attention-core seconds, which a ring exchange overlaps
         sp_dim = use.tp_dim if sp and tp > 1 else None
-        for kernel in _use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), in_fp8,
-                                   par.ep, par.ep_dispatcher, memo, nchw, (scaling, swizzle, sp_dim), transpose):
+        kernels = _use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), in_fp8,
+                               par.ep, par.ep_dispatcher, memo, nchw, (scaling, swizzle, sp_dim), transpose)
+        for kernel in [rank for k in kernels for rank in _cp_kernels(use, k, par)]:
             split = divisor if (kernel.split or sp) else 1
-            kernel = _cp_kernel(kernel, _cp_split(use, kernel, par))
             fwd, bwd, host_fwd, host_bwd = _kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split,
                                                          use.tp_dim, memo)
             if graphs.scopes:
@@ -465,6 +466,40 @@ def _cp_kernel(kernel: Kernel, divisor: Any) -> Kernel:
                 c.fwd_bytes / divisor, c.bwd_bytes / divisor, c.depth, c.bwd_depth)
     shape = kernel.gemm and (kernel.gemm[0], kernel.gemm[1] / divisor, *kernel.gemm[2:])
     return replace(kernel, cost=cost, gemm=shape, bwd_recompute_flops=kernel.bwd_recompute_flops / divisor)
+
+
+def _cp_kernels(use: Use, kernel: Kernel, par: Parallel) -> list[Kernel]:
+    """The kernel as one context-parallel rank runs it: divided by its share (_cp_kernel), and a fused attention
+    kernel under ring attention cut into the cp step kernels Transformer Engine launches (ring_steps): each its own
+    launch (and host call) with its share of the rank's FLOPs and bytes, and the key length of its tile for the
+    curve's sequence term, capped at the kernel's own (a sliding window). Steps with the same key length are one
+    Kernel of as many launches, which the device prices as the sum of the identical kernels. Ulysses keeps whole
+    sequences on every rank, one kernel."""
+    divisor = _cp_split(use, kernel, par)
+    rank = _cp_kernel(kernel, divisor)
+    if divisor == 1 or par.cp_algorithm != "ring" or kernel.seq is None or kernel.name not in ATTENTION_CORE \
+            or use.layer.op not in ATTENTION_OPS:
+        return [rank]
+    whole = use.layer.get("kv_seq") or use.layer.in_shape[-2]
+    groups: dict[Any, list[Any]] = {}  # key fraction -> [share, steps], the diagonal's first
+    for share, keys in ring_steps(par.cp, bool(use.layer.get("causal", False))):
+        group = groups.setdefault(keys, [0, 0])
+        group[0] += share
+        group[1] += 1
+    out = []
+    for index, (keys, (share, steps)) in enumerate(groups.items()):
+        c, f = rank.cost, float(share)
+        def times(n: Any, steps: int = steps) -> Any:
+            return None if n is None else n * steps
+        out.append(replace(
+            rank, cost=Cost(c.fwd_flops * f, c.bwd_data_flops * f, c.bwd_weight_flops * f, c.fwd_bytes * f,
+                            c.bwd_bytes * f, c.depth, c.bwd_depth),
+            bwd_recompute_flops=rank.bwd_recompute_flops * f, launches=rank.launches * steps,
+            bwd_launches=times(rank.bwd_launches), framework_ops=times(rank.framework_ops),
+            bwd_framework_ops=times(rank.bwd_framework_ops),
+            seq=mathx.minimum(kernel.seq, whole * keys.numerator / keys.denominator),
+            syncs=rank.syncs if index == 0 else 0, library_host=rank.library_host if index == 0 else (0.0, 0.0)))
+    return out
 
 
 def _cp_split(use: Use, kernel: Kernel, par: Parallel) -> Any:
