@@ -2,7 +2,8 @@
 
 Prints plans/s of the memoized search path, the plans/s of calling dlperf.engine.predict one plan at a time on
 a sample of the same plans (same process), their ratio, and the whole-process time of the CLI command; then the
-same for `dlperf search deepseek-v3 h800 --gpus 2048 --global-batch 15360` (issue 14: 38,560 plans).
+same for `dlperf search deepseek-v3 h800 --gpus 2048 --global-batch 15360` (issue 14: 38,560 plans,
+28,008 since recompute selective is folded into none where every attention is fused).
 
     .venv/bin/python benchmarks/bench_search.py [--sample 60]
 """

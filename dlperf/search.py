@@ -183,6 +183,7 @@ class SearchResult:
     smallest: Any = None          # the priced plan that needs the least memory (fitting or not)
     memory_limit: float = 0.0     # bytes per device a plan had to fit in
     too_slow: int = 0             # plans that fit but missed max_step_time
+    folded: int = 0               # plans left out as another's twin (recompute selective that is none: _no_ops)
 
     def objective_value(self, ev: Any) -> float:
         return objective_value(ev, self.objective, self.hw)
@@ -236,6 +237,25 @@ def _applicable(space: SearchSpace, model: Any, base: Plan, device: str = "") ->
     return space
 
 
+def _no_ops(space: SearchSpace, model: Any) -> tuple[SearchSpace, Callable[[Plan], bool]]:
+    """The space without the knob values that are provably another value's plan under a new name, and a test
+    telling which enumerated plans stood for a left-out twin (their count is what the search folded). Recompute
+    selective is recompute none when no layer prices them apart (dlperf.engine.stage.selective_changes: every
+    attention is fused, as FlashAttention, cuDNN's fused attention and MLA's core are, or there is none): the
+    same step time, breakdown and memory for every plan. Each enumerated plan with recompute none and neither
+    partial recomputation nor FP8 caching had exactly one selective twin (_recomputes pairs them; _ep_overlaps
+    reads recompute only for full; no other knob reads it). The other no-ops are never enumerated in the first
+    place: sequence parallelism at tp 1, ZeRO at dp * cp 1, the schedule at pp 1, ep overlap and dispatchers
+    at ep 1, partial recomputation of modules the model lacks (_cheap_knobs, _schedules, _present_modules)."""
+    from dlperf.engine.stage import selective_changes
+
+    if not {"none", "selective"} <= set(space.recompute) or \
+            any(selective_changes(layer) for layer, _ in model.counted()):
+        return space, lambda plan: False
+    space = replace(space, recompute=tuple(r for r in space.recompute if r != "selective"))
+    return space, lambda plan: plan.recompute == "none" and not plan.recompute_modules and not plan.fp8_activations
+
+
 def _present_modules(ops: set[str]) -> tuple[str, ...]:
     """The partial-recomputation modules the model has: mla_up_proj needs an MLA layer, moe_act a MoE one (a
     plan naming one the model lacks would recompute nothing, and printing it would mislead)."""
@@ -282,10 +302,11 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
     plans: list[Plan] = []
     node = hw.network[0].size or 1
     base = base or Plan()
-    space = _applicable(space, model, base, hw.device.name)
+    space, twins = _no_ops(_applicable(space, model, base, hw.device.name), model)
     for n in counts:
         plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
                                  evaluator.layers, space, _pp_filter(model, space), _experts(model))
+    folded = sum(1 for plan in plans if twins(plan))
     fitting: list[Any] = []
     smallest, too_slow = None, 0  # the smallest-memory plan priced (fitting ones only, see _smallest)
     over: list[tuple[float, Plan]] = []  # (memory, plan) of the valid plans that do not fit, never priced
@@ -317,7 +338,7 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
     if smallest is None:
         smallest = _smallest(evaluator, over)
     return SearchResult(fitting, len(plans), len(fitting), objective, hw, time.perf_counter() - start,
-                        smallest=smallest, memory_limit=limit, too_slow=too_slow)
+                        smallest=smallest, memory_limit=limit, too_slow=too_slow, folded=folded)
 
 
 def _smallest(evaluator: Any, over: list[tuple[float, Plan]]) -> Any:

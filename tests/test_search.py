@@ -374,3 +374,21 @@ def test_search_picks_hybridep_for_qwen3_on_gb200() -> None:
                     base=Plan(dtype="mxfp8"))
     best = result.ranked[0].plan
     assert best.ep > 1 and best.ep_dispatcher == "hybridep"
+
+
+def test_cli_search_table_of_a_dense_flash_model_has_no_twins_nor_expert_columns(run):
+    """A GPT with FlashAttention: recompute selective is none there (search._no_ops), so the table lists no plan
+    twice under the two names and says how many it folded; a dense model has no expert columns even with
+    context parallelism searched, while JSON keeps every field."""
+    args = ("search", "gpt", "dgx-a100", *SETS, "--set", "flash=true", "--gpus", "8", "--global-batch", "32",
+            "--top", "10", "--max-micro-batch", "2", "--cp", "1,2")
+    code, out, _ = run(*args)
+    assert code == 0 and "equivalent ones folded)" in out
+    table = out.split("\n\nstep-time breakdown")[0].splitlines()
+    columns = table[1].split()
+    assert "cp" in columns and not {"ep", "ep_overlap", "ep_dispatcher"} & set(columns)
+    assert not any(" selective " in line for line in table[3:])
+    code, out, _ = run(*args, "--format", "json")
+    data = json.loads(out)
+    assert data["folded"] > 0 and all(p["ep"] == 1 and "ep_dispatcher" in p for p in data["plans"])
+    assert any(p["cp"] == 2 for p in data["plans"]) and not any(p["recompute"] == "selective" for p in data["plans"])

@@ -234,3 +234,56 @@ def test_plans_whose_kernels_cannot_be_priced_are_passed_over_as_before():
     model, hw = load_model("gpt", GPT_SMALL), load_hardware("dgx-a100")
     result = _same_search(model, hw, 8, 32, max_memory=3 * 2**30, base=Plan(dtype="fp8"), space=SMALL)
     assert result.considered > 0 and result.feasible == 0 and result.smallest is None
+
+
+FLASH_GPT = {**GPT_SMALL, "flash": True}
+
+
+def _same_rows(ev: Any) -> tuple:
+    return ev.step_time_s, ev.memory_bytes_per_device, tuple(sorted(ev.breakdown_s.items()))
+
+
+def test_selective_recompute_is_none_where_every_attention_is_fused():
+    """dlperf.engine.stage.selective_changes: FlashAttention (a GPT with flash) and MLA's fused core keep no s^2
+    scores, so a plan with recompute selective prices as its recompute none twin, in time, breakdown and memory;
+    an unfused attention does not (its scores are freed and recomputed)."""
+    from dlperf.engine.stage import selective_changes
+
+    cases = [(load_model("gpt", FLASH_GPT), load_hardware("dgx-a100"), Plan(), SMALL),
+             (load_model("deepseek-v3", DEEPSEEK_SMALL), load_hardware("h800"), Plan(dtype="fp8"), MOE_SPACE)]
+    for model, hw, base, space in cases:
+        assert not any(selective_changes(layer) for layer, _ in model.counted())
+        steps = StepModel(model, hw)
+        plans = [p for p in _plans(model, hw, 8, 32, base=base, space=space) if p.recompute == "none"]
+        for plan in _sample(plans, 12):
+            none, selective = _priced(steps, plan), _priced(steps, plan.with_(recompute="selective"))
+            assert (none is None) == (selective is None), plan
+            if none is not None:
+                assert _same_rows(none) == _same_rows(selective), plan
+    unfused = load_model("gpt", GPT_SMALL)
+    assert any(selective_changes(layer) for layer, _ in unfused.counted())
+    plan = Plan(devices=8, global_batch=32)
+    steps = StepModel(unfused, load_hardware("dgx-a100"))
+    assert steps.timeline(plan).memory_bytes_per_device > steps.timeline(plan.with_(recompute="selective")) \
+        .memory_bytes_per_device
+
+
+def test_folded_search_equals_pricing_every_plan_with_the_twins(monkeypatch):
+    """Folding recompute selective where it is recompute none leaves the same ranking as pricing every plan, twins
+    included, and dropping the twins: the same best plan and step time, the same distinct plans, none twice; the
+    plans considered and folded add up to those enumerated without folding."""
+    model, hw = load_model("gpt", FLASH_GPT), load_hardware("dgx-a100")
+    result, plans = _searched(model, hw, 8, 32, max_memory=3 * 2**30, space=SMALL)
+    assert result.folded > 0 and not any(p.recompute == "selective" for p in plans)
+    monkeypatch.setattr("dlperf.engine.stage.selective_changes", lambda layer: True)  # fold nothing
+    every = _plans(model, hw, 8, 32, max_memory=3 * 2**30, space=SMALL)
+    assert len(every) == result.considered + result.folded and set(plans) < set(every)
+    brute = _priced_one_by_one(model, hw, every, result.memory_limit, None)["ranked"]
+    assert {p.recompute for p in (ev.plan for ev in brute)} >= {"none", "selective"}
+    assert result.ranked[0].plan == brute[0].plan and result.ranked[0].step_time_s == brute[0].step_time_s
+    assert [(ev.plan, *_same_rows(ev)) for ev in result.ranked] == \
+        [(ev.plan, *_same_rows(ev)) for ev in brute if ev.plan.recompute != "selective"]
+    assert {_same_rows(ev) for ev in result.ranked} == {_same_rows(ev) for ev in brute}
+    twins = {(ev.plan.with_(recompute="none"), _same_rows(ev)) for ev in result.ranked
+             if ev.plan.recompute in ("none", "selective")}
+    assert len(twins) == sum(ev.plan.recompute in ("none", "selective") for ev in result.ranked)

@@ -100,6 +100,7 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
            uneven_stages: bool, ep_degrees: str | None, cp_degrees: str, cp_algorithm: str, dtype: str | None,
            cudnn: str | None, moment_dtype: str, fp8_weight_transpose: str, cuda_graphs: str, fmt: str) -> None:
     """Enumerate parallel plans for MODEL on HARDWARE, keep those that fit, print the best."""
+    from dlperf.ops.moe import has_experts
     from dlperf.plan import Plan, check_cuda_graphs, check_fp8_weight_transpose, cudnn_version
     from dlperf.search import SearchSpace, parse_gpu_list, terminal_progress
     from dlperf.search import search as run
@@ -125,7 +126,8 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
         raise SystemExit(EXIT_NO)
     summary = {"model": spec.name, "hardware": hw.name, "devices": devices, "global_batch": global_batch,
                "objective": objective, "cost_unit": "USD" if hw.price_per_device_hour else "device-hours",
-               "considered": result.considered, "feasible": result.feasible, "search_seconds": result.elapsed_s}
+               "considered": result.considered, "folded": result.folded, "feasible": result.feasible,
+               "search_seconds": result.elapsed_s}
     if fmt == "json":
         click.echo(to_json({**summary, "plans": rows}))
         return
@@ -133,11 +135,15 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
         click.echo(render(rows, "csv"))
         return
     title = (f"{spec.name} on {devices} x {hw.device.name} ({hw.name}), global batch {global_batch}: "
-             f"{result.considered:,} plans considered, {result.feasible:,} fit; best {len(rows)} by {objective}")
+             f"{_considered(result)}, {result.feasible:,} fit; best {len(rows)} by {objective}")
     plan_cols = ["rank", "dp", "tp", "pp", "micro_batch", "schedule", "virtual_stages", "zero", "recompute",
                  "sequence_parallel", "step_time_s", "samples_per_s", "memory_gib"]
-    if any(r["ep"] > 1 or r["cp"] > 1 for r in rows):
-        plan_cols = plan_cols[:4] + ["cp", "ep", "ep_overlap", "ep_dispatcher"] + plan_cols[4:]
+    # context and expert parallelism's columns where they vary; the expert ones only for a model with experts,
+    # where ep 1 is a choice (a dense model's ep is 1, its dispatcher unused, whatever the plan)
+    extra = ["cp"] if any(r["cp"] > 1 for r in rows) else []
+    if has_experts(spec) and any(r["ep"] > 1 or r["cp"] > 1 for r in rows):
+        extra += ["ep", "ep_overlap", "ep_dispatcher"]
+    plan_cols = plan_cols[:4] + extra + plan_cols[4:]
     if any(r["recompute_modules"] != "-" for r in rows):
         plan_cols.insert(plan_cols.index("recompute") + 1, "recompute_modules")
     if any(r["fp8_activations"] for r in rows):
@@ -156,6 +162,12 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
         click.echo(render(short, "table", kinds=dict.fromkeys(shown, "time")))
 
 
+def _considered(result: Any) -> str:
+    """'N plans considered', with the plans left out as another's twin under a new name (search._no_ops)."""
+    folded = f" ({result.folded:,} equivalent ones folded)" if result.folded else ""
+    return f"{result.considered:,} plans considered{folded}"
+
+
 def _no_plan(result: Any, fmt: str) -> None:
     """Nothing fits (or meets the time budget): say why, with the smallest memory any plan needed."""
     from dlperf.units import format_quantity as q
@@ -169,7 +181,7 @@ def _no_plan(result: Any, fmt: str) -> None:
         why = (f"the smallest needs {q(result.smallest.memory_bytes_per_device, 'bytes')} per device "
                f"(dp={p.data_parallel} tp={p.tp} pp={p.pp} micro-batch {p.micro} zero {p.zero} recompute "
                f"{p.recompute}), the limit is {q(result.memory_limit, 'bytes')}")
-    message = f"no plan fits: {result.considered:,} plans considered; {why}"
+    message = f"no plan fits: {_considered(result)}; {why}"
     if fmt == "json":
         click.echo(to_json({"plans": [], "considered": result.considered, "feasible": 0, "message": message}))
     warn(message)

@@ -560,3 +560,18 @@ def _recomputed(recompute: str, use: Use, kernel: Kernel) -> bool:
     return recompute == "selective" and kernel.name in ATTENTION_CORE and not use.layer.get("flash", False)
 
 
+def selective_changes(layer: Any) -> bool:
+    """Whether recompute `selective` prices `layer` differently from `none`. The engine reads selective in two
+    places only: `_recomputed` reruns the ATTENTION_CORE kernels of a layer without `flash`, and `_add_held` frees
+    quadratic_attention_bytes, which is nonzero only on an attention layer without `flash`. A fused (flash)
+    attention or MLA core keeps no s^2 scores (only a per-row log-sum-exp), so selective recomputation, which
+    recomputes exactly those (Korthikanti et al. 2022, section 5), is recompute none for it; so for any layer that
+    is neither an unfused attention nor one whose kernels carry an attention-core name (a standalone softmax
+    layer). Every other knob (tp, sp, cp, ep, fp8) reaches neither branch, so the answer holds for every plan."""
+    if layer.get("flash", False):
+        return False
+    if layer.op == "attention":
+        return True
+    return any(kernel.name in ATTENTION_CORE for kernel in OPS[layer.op].kernels(layer, 1, 2))
+
+
