@@ -476,7 +476,7 @@ def _knobs(plan: Plan | None) -> dict[str, Any]:
 def _sweep_plan(model: Any, hw: Any, strategy: str, n: int, batch: int, micro: int | None,
                 dtype: str | None) -> tuple[Plan | None, Any, str]:
     from dlperf.engine import predict
-    from dlperf.engine.defaults import best_plan
+    from dlperf.engine.defaults import ZERO1_IMPL, best_plan
 
     base = Plan(devices=n, global_batch=batch, dtype=dtype)
     if strategy in ("data", "model", "pipeline"):
@@ -499,7 +499,7 @@ def _sweep_plan(model: Any, hw: Any, strategy: str, n: int, batch: int, micro: i
         except DlperfError as err:
             return plan, None, str(err)
     if strategy == "hybrid":
-        plan, result = best_plan(model, hw, base)
+        plan, result = best_plan(model, hw, base, ZERO1_IMPL)  # ZeRO 0 or 1, as `dlperf compare`'s best hybrid
         return plan, result, "" if plan else "no hybrid plan fits"
     found = search(model, hw, n, batch, base=base)
     if not found.ranked:

@@ -54,9 +54,9 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--cp-algorithm", type=click.Choice(["ring", "ulysses"]), default="ring", show_default=True,
                      help="Context parallelism by ring attention (KV blocks passed around, overlapped) or by "
                           "Ulysses all-to-alls over heads."),
-        click.option("--zero-impl", type=click.Choice(list(ZERO_IMPLS)), default="fsdp",
-                     show_default=True,
-                     help="How ZeRO runs: at ZeRO-3, PyTorch FSDP's per-block gathers with prefetch (fp32 shards), "
+        click.option("--zero-impl", type=click.Choice(list(ZERO_IMPLS)), default=None,
+                     help="How ZeRO runs (default: fsdp; a ZeRO-1 plan filled in without --zero: megatron): at "
+                          "ZeRO-3, PyTorch FSDP's per-block gathers with prefetch (fp32 shards), "
                           "Megatron-Core's FSDP (the same gathers; a 16-bit or FP8 weight shard beside fp32 main "
                           "weights), or DeepSpeed v0.3's stage 3 (per-tensor list gathers, device-wide syncs, "
                           "bucketed allreduce). At ZeRO-2 with overlap, fsdp is FSDP's SHARD_GRAD_OP; at ZeRO-1, "
@@ -89,8 +89,10 @@ def plan_options(fn: Callable) -> Callable:
                                              "expert all-to-alls hidden behind paired chunks; needs an even pp)."),
         click.option("--virtual-stages", type=POSITIVE, default=1, show_default=True,
                      help="Model chunks per device for the interleaved schedule."),
-        click.option("--zero", type=Count(0, 3), default=0, show_default=True,
-                     help="ZeRO stage (sharded data parallelism; 3 = FSDP)."),
+        click.option("--zero", type=Count(0, 3), default=None,
+                     help="ZeRO stage (sharded data parallelism; 3 = FSDP). Default: 0; where the degrees are filled "
+                          "in, 0 or 1 (the optimizer states sharded over dp, Megatron-Core's distributed optimizer "
+                          "unless --zero-impl says otherwise), whichever gives the faster plan that fits."),
         click.option("--recompute", type=click.Choice(["none", "selective", "full", "except_last"]),
                      default="none",
                      show_default=True,
@@ -210,7 +212,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         notes.append(f"global batch not given: using {batch} (one sample per device)")
     base = Plan(
         devices=devices, dp=dp, tp=tp or 1, pp=pp or 1, global_batch=batch, micro_batch=opts.get("micro_batch"),
-        schedule=opts.get("schedule", "1f1b"), virtual_stages=opts.get("virtual_stages", 1), zero=opts.get("zero", 0),
+        schedule=opts.get("schedule", "1f1b"), virtual_stages=opts.get("virtual_stages", 1), zero=opts.get("zero") or 0,
         recompute=opts.get("recompute", "none"), sequence_parallel=opts.get("sequence_parallel", False),
         overlap=False if opts.get("no_overlap") else None, compression=opts.get("compression", "none"),
         consistency=opts.get("consistency", "sync"), staleness=opts.get("staleness", 0),
@@ -234,9 +236,11 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         cuda_graphs=name_list(opts.get("cuda_graphs")),
     )
     if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
-        from dlperf.engine.defaults import default_plan
+        from dlperf.engine.defaults import ZERO1_IMPL, default_plan
 
-        return default_plan(model, hw, base, notes)
+        # --zero not given: ZeRO-1 is tried too, run as --zero-impl names or as Megatron-Core's distributed optimizer
+        zero1 = None if opts.get("zero") is not None else opts.get("zero_impl") or ZERO1_IMPL
+        return default_plan(model, hw, base, notes, zero1)
     if base.pp > 1 and base.micro_batch is None:
         from dlperf.plan import check_degrees
 
@@ -391,7 +395,10 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
 @format_option
 def compare(model: str, hardware: str, sets: tuple[str, ...], devices: int, global_batch: int, dtype: str | None,
             fmt: str) -> None:
-    """Put data, model (tensor), pipeline and the best hybrid plan side by side (time, throughput, MFU, memory)."""
+    """Put data, model (tensor), pipeline and the best hybrid plan side by side (time, throughput, MFU, memory).
+
+    The best hybrid is the fastest tp x pp x dp (x ep) plan that fits, recomputation, gradient accumulation and
+    ZeRO 0 or 1 (Megatron-Core's distributed optimizer) tried, as for a predict whose degrees are left out."""
     from dlperf.engine.defaults import strategy_plans
 
     spec, hw = _load(model, hardware, sets)
@@ -399,7 +406,7 @@ def compare(model: str, hardware: str, sets: tuple[str, ...], devices: int, glob
     for name, plan, result, why in strategy_plans(spec, hw, devices, global_batch, dtype):
         row = {"strategy": name, "dp": plan.data_parallel if plan else None, "tp": plan.tp if plan else None,
                "pp": plan.pp if plan else None, "ep": plan.ep if plan else None,
-               "micro_batch": plan.micro if plan else None}
+               "micro_batch": plan.micro if plan else None, "zero": plan.zero if plan else None}
         if result is None:
             row.update(step_time_s=None, samples_per_s=None, mfu=None, memory_gib=None, fits=False, note=why)
         else:

@@ -8,6 +8,11 @@ from dlperf.errors import DlperfError, PlanError
 from dlperf.mathx import divisors as _divisors
 from dlperf.plan import Plan
 
+# The ZeRO implementation a filled-in ZeRO-1 plan runs when the user named none: Megatron-Core's distributed optimizer
+# (the optimizer states sharded over dp, its parameter gather hidden behind the next forward at pp 1), what Megatron-LM
+# and Megatron-Bridge runs use; zero_impl "fsdp" at stage 1 prices DeepSpeed ZeRO-1's gather after the step instead.
+ZERO1_IMPL = "megatron"
+
 
 def _evaluator(model: Any, hw: Any) -> Any:
     """One memoising StepModel for all the candidates of a filled-in plan: they share their stages' costs, which
@@ -28,14 +33,26 @@ def _fitting(evaluator: Any, plan: Plan, limit: float) -> Any:
         return None
 
 
-def hybrid_candidates(model: Any, hw: Any, base: Plan) -> list[Plan]:
+def zero_stages(base: Plan, zero1: str | None) -> list[Plan]:
+    """The base at its own ZeRO stage, and where `zero1` names a ZeRO implementation (the user gave no --zero) also
+    at ZeRO-1 run so: real multi-GPU LLM runs shard the optimizer states (Megatron-Core's distributed optimizer,
+    ZeRO-1, FSDP), and a default that never tried it put Llama-3-8B on 8 H100s at dp=2 tp=4 (983 ms) because 16
+    bytes a parameter of model states did not fit under pure data parallelism."""
+    if zero1 is None or base.zero == 1:
+        return [base]
+    return [base, base.with_(zero=1, zero_impl=zero1)]
+
+
+def hybrid_candidates(model: Any, hw: Any, base: Plan, zero1: str | None = None) -> list[Plan]:
     """tp inside a node (powers of two), pp over what is left, and on a MoE model expert parallelism over the
     data-parallel ranks (expert_degrees); the micro-batch and recomputation the user gave are kept, and only what
     was left out is searched (micro-batches: 1 with pipelining, as Megatron-LM defaults, else micro_batches;
-    recomputation none, selective or full)."""
+    recomputation none, selective or full; ZeRO: the base's stage, and 1 run as `zero1` where that is given,
+    zero_stages)."""
     node = hw.network[0].size or 1
     n = base.devices
     recomputes = (base.recompute,) if base.recompute != "none" else ("none", "selective", "full")
+    stages = zero_stages(base, zero1)
     plans = []
     for tp in (d for d in _divisors(n) if d <= node and d & (d - 1) == 0):
         for pp in _divisors(n // tp):
@@ -45,7 +62,9 @@ def hybrid_candidates(model: Any, hw: Any, base: Plan) -> list[Plan]:
             for micro in micro_batches(base, pp, base.global_batch // dp):
                 for ep in expert_degrees(model, base, dp):
                     for recompute in recomputes:
-                        plans.append(base.with_(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=micro, recompute=recompute))
+                        for staged in stages:
+                            plans.append(staged.with_(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=micro,
+                                                      recompute=recompute))
     return plans
 
 
@@ -76,27 +95,34 @@ def expert_degrees(model: Any, base: Plan, dp: int) -> list[int]:
     return _ep_degrees(dp, _experts(model), SearchSpace())
 
 
-def best_plan(model: Any, hw: Any, base: Plan) -> tuple[Plan | None, Any]:
+def best_plan(model: Any, hw: Any, base: Plan, zero1: str | None = None,
+              evaluator: Any = None) -> tuple[Plan | None, Any]:
+    """The fastest of hybrid_candidates that fits (ties: the first, ZeRO 0 before ZeRO-1), and its prediction."""
     best, best_result = None, None
-    evaluator = _evaluator(model, hw)
-    for plan in hybrid_candidates(model, hw, base):
+    evaluator = evaluator or _evaluator(model, hw)
+    for plan in hybrid_candidates(model, hw, base, zero1):
         result = _fitting(evaluator, plan, hw.device.memory)
         if result is not None and (best_result is None or result.step_time_s < best_result.step_time_s):
             best, best_result = plan, result
     return best, best_result
 
 
-def default_plan(model: Any, hw: Any, base: Plan, notes: list[str]) -> tuple[Plan, list[str]]:
-    """Pure data parallelism when it fits (on a MoE model with the fastest fitting expert-parallel degree);
-    otherwise the fastest fitting tp x pp (x dp, x ep) plan. The note says why data parallelism was not chosen. A
-    batch that pure data parallelism cannot split, for a model that would fit under it, is an error naming the
-    batch: running it tensor-parallel instead would be a surprise."""
+def default_plan(model: Any, hw: Any, base: Plan, notes: list[str],
+                 zero1: str | None = None) -> tuple[Plan, list[str]]:
+    """Pure data parallelism when it fits at the base's ZeRO stage (on a MoE model with the fastest fitting
+    expert-parallel degree); otherwise the fastest fitting tp x pp (x dp, x ep) plan, at the base's ZeRO stage or,
+    where `zero1` names a ZeRO implementation (the user gave no --zero), at ZeRO-1 run so (zero_stages): pure data
+    parallelism with the optimizer states sharded among them. The note says why data parallelism was not chosen
+    (without ZeRO, and with ZeRO-1 where it was tried). A batch that pure data parallelism cannot split, for a model
+    that would fit under it, is an error naming the batch: running it tensor-parallel instead would be a
+    surprise."""
     from dlperf.units import format_quantity as q
 
     n, batch = base.devices, base.global_batch
     # judged at the next batch that splits evenly when this one does not: would the model fit at all?
     probe_batch = batch if batch % n == 0 else n * -(-batch // n)
-    ep, result, why = _data_parallel(model, hw, base.with_(dp=n, tp=1, pp=1, global_batch=probe_batch))
+    evaluator = _evaluator(model, hw)  # one for all: pure data parallelism's stage costs are the candidates' too
+    ep, result, why = _data_parallel(evaluator, base.with_(dp=n, tp=1, pp=1, global_batch=probe_batch))
     data = base.with_(dp=n, tp=1, pp=1, ep=ep)
     if result is not None and result.fits:
         if batch % n:
@@ -112,25 +138,40 @@ def default_plan(model: Any, hw: Any, base: Plan, notes: list[str]) -> tuple[Pla
         # at a smaller micro-batch or with recomputation, and the note must not read "dp=8 does not fit; chose dp=8"
         tried = result.plan
         experts = f" ep={tried['ep']}" if tried.get("ep", 1) > 1 else ""
+        needs = f"{q(result.memory_bytes_per_device, 'bytes')} per device of {q(hw.device.memory, 'bytes')}"
+        sharded = _zero1_memory(evaluator, data.with_(global_batch=probe_batch), zero1) if base.zero == 0 else None
+        # the same plan with the optimizer states sharded: "does not fit without ZeRO; chose dp=8 ... zero=1" reads
+        # as the reason, and where ZeRO-1 does not fit either, by how much
+        needs = f"without ZeRO ({needs}; {q(sharded, 'bytes')} with ZeRO-1)" if sharded is not None else f"({needs})"
         why = (f"pure data parallelism dp={n}{experts} (micro-batch {tried['micro_batch']}, recompute "
-               f"{tried['recompute']}) does not fit ({q(result.memory_bytes_per_device, 'bytes')} per device of "
-               f"{q(hw.device.memory, 'bytes')})")
-    plan, _ = best_plan(model, hw, base)
+               f"{tried['recompute']}) does not fit {needs}")
+    plan, _ = best_plan(model, hw, base, zero1, evaluator)
     if plan is None:
         notes.append(f"no plan fits in device memory: {why}; showing pure data parallelism")
         return data, notes
     experts = f" ep={plan.ep}" if plan.ep > 1 else ""
+    zero = f" zero={plan.zero}" if zero1 is not None and plan.zero != base.zero else ""
     notes.append(f"degrees not given: {why}; chose dp={plan.data_parallel} tp={plan.tp} pp={plan.pp}{experts} "
-                 f"micro-batch {plan.micro} recompute={plan.recompute} (fastest that fits)")
+                 f"micro-batch {plan.micro} recompute={plan.recompute}{zero} (fastest that fits)")
     return plan, notes
 
 
-def _data_parallel(model: Any, hw: Any, data: Plan) -> tuple[int, Any, str]:
+def _zero1_memory(evaluator: Any, data: Plan, zero1: str | None) -> float | None:
+    """Bytes per device of pure data parallelism `data` at ZeRO-1 run as `zero1`; None where it is not tried (the
+    user gave --zero) or its rules refuse it."""
+    if zero1 is None:
+        return None
+    try:
+        return evaluator.memory(data.with_(zero=1, zero_impl=zero1))["total"]
+    except DlperfError:
+        return None
+
+
+def _data_parallel(evaluator: Any, data: Plan) -> tuple[int, Any, str]:
     """(ep, prediction or None, why it is not possible) of pure data parallelism: on a MoE model the fastest
     expert-parallel degree that fits, else the smallest one's prediction (it says how far from fitting)."""
-    evaluator = _evaluator(model, hw)
     tried, why = [], ""
-    for ep in expert_degrees(model, data, data.dp):
+    for ep in expert_degrees(evaluator.model, data, data.dp):
         try:
             tried.append((ep, evaluator.predict(data.with_(ep=ep))))
         except DlperfError as err:
@@ -150,7 +191,8 @@ def pipeline_micro_batch(global_batch: int, pp: int) -> int:
 
 
 def strategy_plans(model: Any, hw: Any, devices: int, global_batch: int, dtype: str | None) -> list[tuple]:
-    """(name, plan, prediction or None, note) for data, model (tensor), pipeline and best hybrid."""
+    """(name, plan, prediction or None, note) for data, model (tensor), pipeline and best hybrid (which tries ZeRO 0
+    and ZeRO-1, as a filled-in plan does)."""
     base = Plan(devices=devices, global_batch=global_batch, dtype=dtype)
     candidates = [
         ("data", base.with_(dp=devices)),
@@ -165,6 +207,6 @@ def strategy_plans(model: Any, hw: Any, devices: int, global_batch: int, dtype: 
             rows.append((name, plan, predict(model, hw, plan), ""))
         except DlperfError as err:
             rows.append((name, plan, None, str(err)))
-    plan, result = best_plan(model, hw, base)
+    plan, result = best_plan(model, hw, base, ZERO1_IMPL)
     rows.append(("best hybrid", plan, result, "" if plan else "no hybrid plan fits"))
     return rows
