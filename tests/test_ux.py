@@ -500,3 +500,21 @@ def test_filled_in_degrees_keep_the_micro_batch_and_recomputation_given(run):
 
     plan = json.loads(out)["plan"]
     assert code == 0 and plan["micro_batch"] == 2 and plan["recompute"] == "full"
+
+
+def test_a_hugging_face_config_says_which_sequence_it_trains_at(run, tmp_path):
+    # a transformers config.json names no training length: dlperf reads max_position_embeddings (Llama 3.1's
+    # 131,072), which the note must say, unless --set seq=N gave one
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}))
+    args = ("predict", str(config), "dgx-h100", "--gpus", "64", "--tp", "8", "--format", "json")
+    code, out, err = run(*args)
+    assert code in (0, 1), err
+    assert json.loads(out)["notes"][0] == ("sequence length not given: 131,072 tokens per sample, the config's "
+                                           "max_position_embeddings (--set seq=N for the length you train at)")
+    code, out, err = run(*args, "--set", "seq=8192")
+    assert code in (0, 1), err
+    assert not any(n.startswith("sequence length") for n in json.loads(out)["notes"])

@@ -267,6 +267,18 @@ def _check_interleaving(plan: Any) -> None:
                         found=plan.global_batch)
 
 
+def config_notes(model_name: str, sets: tuple[str, ...], spec: Any) -> list[str]:
+    """A Hugging Face config.json names no training sequence length; dlperf reads its max_position_embeddings
+    (dlperf/spec/hf.py), often 32k-164k tokens where pre-training ran at 4k-8k: say so, as for every value filled
+    in, unless `--set seq=N` gave it."""
+    from dlperf.spec import hf
+
+    if not hf.is_config(model_name) or "seq" in parse_sets(sets) or "seq" not in spec.params:
+        return []
+    return [f"sequence length not given: {spec.params['seq']:,} tokens per sample, the config's "
+            f"max_position_embeddings (--set seq=N for the length you train at)"]
+
+
 def _load(model_name: str, hardware: str, sets: tuple[str, ...], numbers: bool = True) -> tuple[Any, Any]:
     """The model and hardware; with `numbers`, a model with symbolic (null) params is refused up front."""
     from dlperf.spec.hardware import load_hardware
@@ -298,6 +310,7 @@ def predict(model: str, hardware: str, sets: tuple[str, ...], symbolic: bool, la
         raise click.UsageError(f"--{'latex' if latex else 'full'} only changes the --symbolic view; add --symbolic")
     spec, hw = _load(model, hardware, sets)  # the --symbolic view substitutes a numeric prediction too
     plan, notes = build_plan(spec, hw, opts)
+    notes = config_notes(model, sets, spec) + notes
     if symbolic:
         from dlperf.engine.step import StepModel
 

@@ -18,7 +18,7 @@ from dlperf.commands.common import (
     warn,
     wrote,
 )
-from dlperf.commands.predict import BATCH, DTYPE_CHOICES, _load, build_plan, plan_options
+from dlperf.commands.predict import BATCH, DTYPE_CHOICES, _load, build_plan, config_notes, plan_options
 from dlperf.plan import FP8_WEIGHT_TRANSPOSES, MOMENT_DTYPES
 from dlperf.report import render, to_json
 
@@ -253,6 +253,7 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
 
     spec, hw = _load(model, hardware, sets)
     plan, notes = build_plan(spec, hw, opts)
+    notes = config_notes(model, sets, spec) + notes
     out = run(spec, hw, plan, step)
     rows = out["sensitivities"]
     if fmt == "json":
