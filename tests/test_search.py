@@ -392,3 +392,18 @@ def test_cli_search_table_of_a_dense_flash_model_has_no_twins_nor_expert_columns
     data = json.loads(out)
     assert data["folded"] > 0 and all(p["ep"] == 1 and "ep_dispatcher" in p for p in data["plans"])
     assert any(p["cp"] == 2 for p in data["plans"]) and not any(p["recompute"] == "selective" for p in data["plans"])
+
+
+def test_search_json_holds_plain_values(run):
+    # the README's promise for JSON and CSV: the device count is a number (it was the --gpus text, "8"), a list for
+    # a list of counts, and a plan without partial recomputation lists none (the table shows "-")
+    code, out, err = run("search", "llama3-8b", "dgx-h100", "--gpus", "8", "--global-batch", "64", "--top", "3",
+                         "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["devices"] == 8
+    assert "-" not in {p["recompute_modules"] for p in data["plans"]}
+    code, out, err = run("search", "gpt", "dgx-a100", *SETS, "--gpus", "4..8", "--global-batch", "32",
+                         "--objective", "cost", "--top", "2", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["devices"] == [4, 8]

@@ -124,15 +124,17 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
     if not rows:
         _no_plan(result, fmt)
         raise SystemExit(EXIT_NO)
-    summary = {"model": spec.name, "hardware": hw.name, "devices": devices, "global_batch": global_batch,
+    # JSON and CSV hold plain numbers: the device count (or the list of counts searched), not the option's text;
+    # a plan without partial recomputation lists none (the table's "-" is for people)
+    summary = {"model": spec.name, "hardware": hw.name, "devices": counts[0] if len(counts) == 1 else counts,
+               "global_batch": global_batch,
                "objective": objective, "cost_unit": "USD" if hw.price_per_device_hour else "device-hours",
                "considered": result.considered, "folded": result.folded, "feasible": result.feasible,
                "search_seconds": result.elapsed_s}
-    if fmt == "json":
-        click.echo(to_json({**summary, "plans": rows}))
-        return
-    if fmt == "csv":
-        click.echo(render(rows, "csv"))
+    if fmt in ("json", "csv"):
+        plain = [{**r, "recompute_modules": "" if r["recompute_modules"] == "-" else r["recompute_modules"]}
+                 for r in rows]
+        click.echo(to_json({**summary, "plans": plain}) if fmt == "json" else render(plain, "csv"))
         return
     title = (f"{spec.name} on {devices} x {hw.device.name} ({hw.name}), global batch {global_batch}: "
              f"{_considered(result)}, {result.feasible:,} fit; best {len(rows)} by {objective}")
