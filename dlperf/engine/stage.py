@@ -489,17 +489,21 @@ def _cp_kernels(use: Use, kernel: Kernel, par: Parallel) -> list[Kernel]:
     out = []
     for index, (keys, (share, steps)) in enumerate(groups.items()):
         c, f = rank.cost, float(share)
-        def times(n: Any, steps: int = steps) -> Any:
-            return None if n is None else n * steps
         out.append(replace(
             rank, cost=Cost(c.fwd_flops * f, c.bwd_data_flops * f, c.bwd_weight_flops * f, c.fwd_bytes * f,
                             c.bwd_bytes * f, c.depth, c.bwd_depth),
             bwd_recompute_flops=rank.bwd_recompute_flops * f, launches=rank.launches * steps,
-            bwd_launches=times(rank.bwd_launches), framework_ops=times(rank.framework_ops),
-            bwd_framework_ops=times(rank.bwd_framework_ops),
+            bwd_launches=_times(rank.bwd_launches, steps), framework_ops=_times(rank.framework_ops, steps),
+            bwd_framework_ops=_times(rank.bwd_framework_ops, steps),
             seq=mathx.minimum(kernel.seq, whole * keys.numerator / keys.denominator),
             syncs=rank.syncs if index == 0 else 0, library_host=rank.library_host if index == 0 else (0.0, 0.0)))
     return out
+
+
+def _times(count: Any, steps: int) -> Any:
+    """A kernel's per-pass count (launches, framework operators) over `steps` launches; None stays None (the
+    Kernel's "as in the forward")."""
+    return None if count is None else count * steps
 
 
 def _cp_split(use: Use, kernel: Kernel, par: Parallel) -> Any:
