@@ -24,11 +24,10 @@ def _evaluator(model: Any, hw: Any) -> Any:
 
 def _fitting(evaluator: Any, plan: Plan, limit: float) -> Any:
     """The plan's prediction if it fits in `limit` bytes per device, else None (as for a plan its rules refuse):
-    its memory is read first, without pricing its time (StepModel.memory), as search screens plans."""
+    its memory is read first, without pricing its time (StepModel.fitting_timeline), as search screens plans."""
     try:
-        if evaluator.memory(plan)["total"] > limit:
-            return None
-        return evaluator.predict(plan)
+        _, timeline = evaluator.fitting_timeline(plan, limit)
+        return None if timeline is None else evaluator.prediction(timeline)
     except DlperfError:
         return None
 

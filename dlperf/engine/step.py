@@ -617,7 +617,11 @@ class StepModel:
         return self._dp[key]
 
     def predict(self, plan: Plan) -> Prediction:
-        t = self.timeline(plan)
+        return self.prediction(self.timeline(plan))
+
+    def prediction(self, t: Timeline) -> Prediction:
+        """The Prediction of a priced Timeline (timeline, or fitting_timeline's when the plan fits)."""
+        plan = t.plan
         model_flops, hardware_flops, matrix_flops = step_flops(self.model, plan, element_bytes(t.dtype))
         per_device = t.step_time_s * plan.devices * 1e12
         fits = bool(t.memory["total"] <= self.hw.device.memory)
