@@ -194,7 +194,7 @@ class SearchResult:
             p = ev.plan
             row = {"rank": rank, "devices": p.devices, "dp": p.data_parallel, "tp": p.tp, "pp": p.pp, "cp": p.cp,
                    "ep": p.ep, "ep_overlap": p.ep_overlap, "ep_dispatcher": p.ep_dispatcher,
-                   "recompute_modules": ",".join(p.recompute_modules) or "-", "fp8_activations": p.fp8_activations,
+                   "recompute_modules": ",".join(p.recompute_modules), "fp8_activations": p.fp8_activations,
                    "micro_batch": p.micro, "micro_batches": p.micro_batches, "schedule": p.schedule,
                    "virtual_stages": p.virtual_stages, "zero": p.zero, "recompute": p.recompute,
                    "sequence_parallel": p.sequence_parallel, "step_time_s": ev.step_time_s,

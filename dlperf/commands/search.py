@@ -124,17 +124,14 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
     if not rows:
         _no_plan(result, fmt)
         raise SystemExit(EXIT_NO)
-    # JSON and CSV hold plain numbers: the device count (or the list of counts searched), not the option's text;
-    # a plan without partial recomputation lists none (the table's "-" is for people)
+    # JSON and CSV hold plain numbers: the device count (or the list of counts searched), not the option's text
     summary = {"model": spec.name, "hardware": hw.name, "devices": counts[0] if len(counts) == 1 else counts,
                "global_batch": global_batch,
                "objective": objective, "cost_unit": "USD" if hw.price_per_device_hour else "device-hours",
                "considered": result.considered, "folded": result.folded, "feasible": result.feasible,
                "search_seconds": result.elapsed_s}
     if fmt in ("json", "csv"):
-        plain = [{**r, "recompute_modules": "" if r["recompute_modules"] == "-" else r["recompute_modules"]}
-                 for r in rows]
-        click.echo(to_json({**summary, "plans": plain}) if fmt == "json" else render(plain, "csv"))
+        click.echo(to_json({**summary, "plans": rows}) if fmt == "json" else render(rows, "csv"))
         return
     title = (f"{spec.name} on {devices} x {hw.device.name} ({hw.name}), global batch {global_batch}: "
              f"{_considered(result)}, {result.feasible:,} fit; best {len(rows)} by {objective}")
@@ -146,8 +143,9 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
     if has_experts(spec) and any(r["ep"] > 1 or r["cp"] > 1 for r in rows):
         extra += ["ep", "ep_overlap", "ep_dispatcher"]
     plan_cols = plan_cols[:4] + extra + plan_cols[4:]
-    if any(r["recompute_modules"] != "-" for r in rows):
+    if any(r["recompute_modules"] for r in rows):
         plan_cols.insert(plan_cols.index("recompute") + 1, "recompute_modules")
+        rows = [{**r, "recompute_modules": r["recompute_modules"] or "-"} for r in rows]  # none, for people
     if any(r["fp8_activations"] for r in rows):
         plan_cols.insert(plan_cols.index("recompute") + 1, "fp8_activations")
     if objective == "cost" or len(counts) > 1:
