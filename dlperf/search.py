@@ -35,7 +35,8 @@ DEFAULT_MICRO_CAP = 32  # samples per micro-batch in sweeps: ResNet-50's per-GPU
 
 
 
-def _powers_of_two_upto(n: int) -> list[int]:
+def powers_of_two_upto(n: int) -> list[int]:
+    """1, 2, 4, ... up to n (the degrees and micro-batches a search tries)."""
     out, p = [], 1
     while p <= n:
         out.append(p)
@@ -95,22 +96,22 @@ def enumerate_plans(base: Plan, node_size: int, heads: int | None, layers: int,
                 dp = n // (tp * pp * cp)
                 if batch % dp:
                     continue
-                for ep in _ep_degrees(dp * cp, experts, space):
+                for ep in ep_degrees(dp * cp, experts, space):
                     yield from _cheap_knobs(base.with_(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep), batch // dp, space, layers)
 
 
-def _ep_degrees(ranks: int, experts: int, space: SearchSpace) -> list[int]:
+def ep_degrees(ranks: int, experts: int, space: SearchSpace) -> list[int]:
     """Expert-parallel degrees to try: powers of two dividing the dp*cp ranks ep is carved out of and the expert
     count."""
     if not experts:
         return [1]
-    options = space.ep if space.ep is not None else _powers_of_two_upto(ranks)
+    options = space.ep if space.ep is not None else powers_of_two_upto(ranks)
     return [ep for ep in options if ranks % ep == 0 and experts % ep == 0]
 
 
 def _cheap_knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) -> Iterator[Plan]:
     """The cheap knobs of one (dp, tp, pp, cp, ep) layout: micro-batch, schedule, ZeRO, recomputation, SP."""
-    micros = sorted({d for d in _powers_of_two_upto(space.max_micro_batch) if per_replica % d == 0} | {per_replica})
+    micros = sorted({d for d in powers_of_two_upto(space.max_micro_batch) if per_replica % d == 0} | {per_replica})
     for micro in micros:
         m = per_replica // micro
         for schedule, v in _schedules(plan.pp, m, space, layers, plan.ep):
@@ -305,7 +306,7 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
     space, twins = _no_ops(_applicable(space, model, base, hw.device.name), model)
     for n in counts:
         plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
-                                 evaluator.layers, space, _pp_filter(model, space), _experts(model))
+                                 evaluator.layers, space, _pp_filter(model, space), expert_count(model))
     folded = sum(1 for plan in plans if twins(plan))
     fitting: list[Any] = []
     smallest, too_slow = None, 0  # the smallest-memory plan priced (fitting ones only, see _smallest)
@@ -353,7 +354,7 @@ def _smallest(evaluator: Any, over: list[tuple[float, Plan]]) -> Any:
     return None
 
 
-def _experts(model: Any) -> int:
+def expert_count(model: Any) -> int:
     """The expert count all MoE layers share (gcd), 0 without MoE layers."""
     counts = [layer["experts"] for layer, _ in model.counted() if layer.op == "moe"]
     return math.gcd(*counts) if counts and all(isinstance(c, int) for c in counts) else 0

@@ -73,11 +73,13 @@ def micro_batches(base: Plan, pp: int, per_replica: int) -> list[int | None]:
     accumulation, which a data-parallel plan that does not fit in one pass needs before it needs recomputation
     (GPT-2 XL on 8 A100s at batch 512: micro-batch 64 fits only with full recomputation, 6.55 s; micro-batch 4 fits
     without, 5.52 s)."""
+    from dlperf.search import powers_of_two_upto
+
     if base.micro_batch is not None:
         return [base.micro_batch]
     if pp > 1:
         return [1]
-    smaller = [2**k for k in range(per_replica.bit_length()) if 2**k < per_replica and per_replica % 2**k == 0]
+    smaller = [p for p in powers_of_two_upto(per_replica) if p < per_replica and per_replica % p == 0]
     return [None, *reversed(smaller)]
 
 
@@ -89,9 +91,9 @@ def expert_degrees(model: Any, base: Plan, dp: int) -> list[int]:
     Qwen3-30B-A3B on 8 GPUs at 1.7x the step of the expert-parallel one."""
     if base.ep != 1:
         return [base.ep]
-    from dlperf.search import SearchSpace, _ep_degrees, _experts
+    from dlperf.search import SearchSpace, ep_degrees, expert_count
 
-    return _ep_degrees(dp, _experts(model), SearchSpace())
+    return ep_degrees(dp, expert_count(model), SearchSpace())
 
 
 def best_plan(model: Any, hw: Any, base: Plan, zero1: str | None = None,
