@@ -201,13 +201,12 @@ def strategy_plans(model: Any, hw: Any, devices: int, global_batch: int, dtype: 
         ("pipeline", base.with_(dp=1, pp=devices, micro_batch=pipeline_micro_batch(global_batch, devices))),
     ]
     rows = []
+    evaluator = _evaluator(model, hw)  # one for all four: the best hybrid's candidates include the first three's stages
     for name, plan in candidates:
         try:
-            from dlperf.engine import predict
-
-            rows.append((name, plan, predict(model, hw, plan), ""))
+            rows.append((name, plan, evaluator.predict(plan), ""))
         except DlperfError as err:
             rows.append((name, plan, None, str(err)))
-    plan, result = best_plan(model, hw, base, ZERO1_IMPL)
+    plan, result = best_plan(model, hw, base, ZERO1_IMPL, evaluator)
     rows.append(("best hybrid", plan, result, "" if plan else "no hybrid plan fits"))
     return rows
