@@ -61,8 +61,9 @@ PER_BLOCK_ZERO_IMPLS = ("fsdp", "megatron-fsdp")  # one gather per repeated bloc
 # Who runs the data-parallel gradient allreduce (dlperf.engine.horovod): "nccl", the framework calling NCCL itself
 # (PyTorch DDP's buckets, Megatron-LM); "horovod-0.19", Horovod v0.18-v0.20's background thread (5 ms negotiation
 # cycle, 64 MiB fusion buffer, TensorFlow frontend's compression casts and averaging), as NVIDIA's TensorFlow 1
-# examples ran it.
-DP_IMPLS = ("nccl", "horovod-0.19")
+# examples ran it; "deepspeed", DeepSpeed's engine without ZeRO (Megatron-DeepSpeed): one bucketed allreduce after
+# the backward pass, nothing overlapped, with flatten/scale/copy-back passes around it (dlperf.engine.deepspeed).
+DP_IMPLS = ("nccl", "horovod-0.19", "deepspeed")
 # Activation layout of convolutional networks: "nhwc" (PyTorch channels_last, TensorFlow's default, what cuDNN's
 # tensor-core convolutions read and write) or "nchw" (PyTorch's default contiguous format), in which every
 # tensor-core convolution pays cuDNN's NCHW <-> NHWC transposes (dlperf.ops.conv.layout_transpose_kernel).
@@ -73,8 +74,10 @@ MEMORY_FORMATS = ("nhwc", "nchw")
 DATA_BACKENDS = ("synthetic", "cpu")
 # How the optimizer step runs (dlperf.engine.optimizer_loop): "fused", one pass over all parameters (apex and
 # Megatron fused optimizers, PyTorch >= 2.0's foreach/fused defaults on GPU); "per-tensor", PyTorch < 2.0's
-# torch.optim for-loop: a few small kernels per parameter tensor, and zero_grad zeroes each gradient.
-OPTIMIZER_IMPLS = ("fused", "per-tensor", "tf1-graph")  # tf1-graph: dlperf.engine.tf1_update
+# torch.optim for-loop: a few small kernels per parameter tensor, and zero_grad zeroes each gradient;
+# "deepspeed-fp16", DeepSpeed's FP16_Optimizer around a fused update (per-tensor overflow checks with a host sync
+# each, flat fp32 gradient passes, fp16 weight refresh: dlperf.engine.deepspeed).
+OPTIMIZER_IMPLS = ("fused", "per-tensor", "tf1-graph", "deepspeed-fp16")  # tf1-graph: dlperf.engine.tf1_update
 # The cuDNN library Transformer Engine's fused attention runs (plan `cudnn`, e.g. "9.13.1"): a hardware file may
 # measure its fused-attention curve per cuDNN version (`efficiency.attention_fa3.by_cudnn`), and a plan that names
 # its version is priced at the newest one measured at or below it (dlperf.spec.hardware.Device.for_cudnn). None:
@@ -255,10 +258,13 @@ def _check_impls(plan: Plan) -> None:
     """Which implementation runs the optimizer step, ZeRO stage 3 and the data-parallel allreduce: each is priced
     for the plans its code runs."""
     _choice("optimizer_impl", plan.optimizer_impl, OPTIMIZER_IMPLS)
-    if plan.optimizer_impl in ("per-tensor", "tf1-graph") and plan.zero:
+    if plan.optimizer_impl in ("per-tensor", "tf1-graph", "deepspeed-fp16") and plan.zero:
         # ZeRO updates flat shards of the parameters, not the model's tensors one by one
         raise PlanError(f"optimizer_impl {plan.optimizer_impl} updates whole parameter tensors one by one; ZeRO "
                         "updates flat shards", expected="zero: 0", found=plan.zero)
+    if plan.optimizer_impl == "deepspeed-fp16" and plan.dtype != "fp16":
+        raise PlanError("optimizer_impl deepspeed-fp16 is DeepSpeed's fp16 optimizer wrapper", expected="dtype: fp16",
+                        found=plan.dtype)
     _choice("zero_impl", plan.zero_impl, ZERO_IMPLS)
     if plan.zero_impl == "megatron" and plan.zero != 1:
         raise PlanError("zero_impl megatron is Megatron-Core's distributed optimizer, ZeRO stage 1", expected="zero: 1",
@@ -284,12 +290,29 @@ def _check_dp_impl(plan: Plan) -> None:
     if plan.zero or plan.parameter_server:
         raise PlanError(f"dp_impl {plan.dp_impl} allreduces whole gradients", expected="zero 0, parameter_server 0",
                         found=f"zero {plan.zero}, parameter_server {plan.parameter_server}")
+    if plan.dp_impl == "deepspeed":
+        _check_deepspeed_dp(plan)
+        return
     if parse_compression(plan.compression) not in [parse_compression(name) for name in SCHEMES]:
         raise PlanError(f"dp_impl {plan.dp_impl} compresses with Compression.none or Compression.fp16",
                         expected="compression " + " or ".join(SCHEMES), found=plan.compression)
     if plan.cp > 1 or plan.ep > 1:
         raise PlanError(f"dp_impl {plan.dp_impl} is priced for a flat data-parallel group",
                         expected="cp = ep = 1", found=f"cp={plan.cp} ep={plan.ep}")
+
+
+def _check_deepspeed_dp(plan: Plan) -> None:
+    """DeepSpeed's engine all-reduces after the backward pass (never overlapped), uncompressed, over one flat
+    data-parallel group (dlperf.engine.deepspeed)."""
+    if plan.overlap:
+        raise PlanError("dp_impl deepspeed all-reduces after the backward pass: nothing overlaps it",
+                        expected="overlap false or unset", found=plan.overlap)
+    if plan.compression != "none":
+        raise PlanError("dp_impl deepspeed all-reduces uncompressed gradients", expected="compression none",
+                        found=plan.compression)
+    if plan.cp > 1 or plan.ep > 1:
+        raise PlanError("dp_impl deepspeed is priced for a flat data-parallel group", expected="cp = ep = 1",
+                        found=f"cp={plan.cp} ep={plan.ep}")
 
 
 def _check_activation_knobs(plan: Plan) -> None:

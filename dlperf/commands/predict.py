@@ -64,8 +64,10 @@ def plan_options(fn: Callable) -> Callable:
                           "the next forward when the gradient reduction overlaps: by default only at pp 1)."),
         click.option("--dp-impl", type=click.Choice(list(DP_IMPLS)), default="nccl", show_default=True,
                      help="Who runs the data-parallel gradient allreduce: the framework calling NCCL (DDP, "
-                          "Megatron-LM) or Horovod v0.18-v0.20's background thread (5 ms negotiation cycle, 64 MiB "
-                          "fusion buffers, TensorFlow-side casts and averaging; dlperf.engine.horovod)."),
+                          "Megatron-LM), Horovod v0.18-v0.20's background thread (5 ms negotiation cycle, 64 MiB "
+                          "fusion buffers, TensorFlow-side casts and averaging; dlperf.engine.horovod) or DeepSpeed's "
+                          "engine without ZeRO (one allreduce after the backward pass, never overlapped, with its "
+                          "flatten/scale/copy-back passes; dlperf.engine.deepspeed)."),
         click.option("--ep", type=POSITIVE, default=1, show_default=True,
                      help="Expert-parallel degree: MoE experts sharded over this many ranks of the data-parallel "
                           "group."),
@@ -123,8 +125,10 @@ def plan_options(fn: Callable) -> Callable:
                      help="How the optimizer step runs: fused (one pass over all parameters), per-tensor "
                           "(PyTorch < 2.0's torch.optim loop: a few kernels per parameter tensor, each paying the "
                           "host; after AMP's GradScaler sync the step waits for the host, dlperf.engine."
-                          "optimizer_loop) or tf1-graph (a TensorFlow 1 graph-mode update branch per variable; "
-                          "after Horovod's allreduce the step waits for the host, dlperf.engine.tf1_update)."),
+                          "optimizer_loop), tf1-graph (a TensorFlow 1 graph-mode update branch per variable; "
+                          "after Horovod's allreduce the step waits for the host, dlperf.engine.tf1_update) or "
+                          "deepspeed-fp16 (DeepSpeed's FP16_Optimizer: a host-synced overflow check per gradient "
+                          "tensor, flat fp32 gradient passes, fp16 weight refresh; dlperf.engine.deepspeed)."),
         click.option("--data-backend", type=click.Choice(["synthetic", "cpu"]), default="synthetic", show_default=True,
                      help="Where samples come from: synthetic (on the device, no cap) or cpu (a DataLoader of "
                           "--loader-workers processes per training process running --input-ops; caps the step "

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from dlperf import mathx
 from dlperf.comm import ep_kernels
-from dlperf.engine import horovod, offload, zero_impl
+from dlperf.engine import deepspeed, horovod, offload, zero_impl
 from dlperf.engine import memory as mem
 from dlperf.engine.context import DISPATCHER_SMS, Parallel
 from dlperf.engine.cuda_graphs import Graphs
@@ -428,7 +428,8 @@ class StepModel:
         optimizer = _optimizer_time_split(self.hw, plan, params, max(stages, key=lambda s: s.params).expert_params,
                                           self._fp8_cast_bytes(params, plan, dtype),
                                           (loop_launches(self.model, plan), dtype))
-        optimizer = update_step_time(self.model, self.hw, plan, dtype, params, optimizer)
+        optimizer = update_step_time(self.model, self.hw, plan, dtype, params, optimizer) \
+            + deepspeed.fp16_optimizer_time(self.model, self.hw, plan, params)
         metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
@@ -490,7 +491,8 @@ class StepModel:
         optimizer = _optimizer_time_split(self.hw, twin, heaviest.params, heaviest.expert_params,
                                           self._fp8_cast_bytes(heaviest.params, plan, dtype),
                                           (loop_launches(self.model, plan), dtype))
-        optimizer = update_step_time(self.model, self.hw, plan, dtype, heaviest.params, optimizer)
+        optimizer = update_step_time(self.model, self.hw, plan, dtype, heaviest.params, optimizer) \
+            + deepspeed.fp16_optimizer_time(self.model, self.hw, plan, heaviest.params)
         metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
@@ -955,6 +957,10 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
         buffer = mathx.minimum(params, horovod.buffer_params(g, plan.compression))
         last = horovod.allreduce_time(comm, hw, group, buffer, g, plan.compression)
         return total, hidden_behind(total, window, last), 0.0, 0.0
+    if plan.dp_impl == "deepspeed":  # after the backward pass, with its copies: all exposed (engine.deepspeed)
+        total = (comm.collective_time("allreduce", grad_bytes, group, hw)
+                 + deepspeed.allreduce_copies_time(hw, grad_bytes))
+        return total, total, 0.0, 0.0
     last_bucket = comm.collective_time("allreduce", min(DDP_BUCKET_BYTES, grad_bytes), group, hw)
     if plan.parameter_server:
         total = comm.collective_time("allreduce", grad_bytes, group, hw, f"ps:{plan.parameter_server}")

@@ -1,0 +1,100 @@
+"""DeepSpeed's engine without ZeRO (dlperf.engine.deepspeed): the gradient allreduce after the backward pass with
+its copies (dp_impl "deepspeed") and FP16_Optimizer's passes around the fused update (optimizer_impl
+"deepspeed-fp16"), as Megatron-DeepSpeed runs fp16."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from dlperf.engine import deepspeed
+from dlperf.engine.optimizer_loop import OPTIMIZER_OP_HOST, parameter_tensors
+from dlperf.engine.step import StepModel
+from dlperf.errors import PlanError
+from dlperf.plan import Plan, validate
+from dlperf.spec.hardware import LAUNCH_CALL, load_hardware
+from dlperf.spec.model import load_model
+
+
+@functools.cache
+def _gpt():
+    """vTrain's 3.6B GPT (hidden 3072, 32 heads, 30 layers, sequence 2048)."""
+    return load_model("gpt", {"hidden": 3072, "heads": 32, "layers": 30, "seq": 2048, "vocab": 50257})
+
+
+def _plan(**changes) -> Plan:
+    base = dict(devices=64, dp=64, global_batch=512, micro_batch=8, recompute="full", dtype="fp16", optimizer="adam")
+    return Plan(**{**base, **changes})
+
+
+def _breakdown(plan: Plan, hw_name: str = "a100-800g") -> dict:
+    return StepModel(_gpt(), load_hardware(hw_name)).predict(plan).breakdown_s
+
+
+def test_the_engines_allreduce_is_all_exposed_and_pays_its_three_copy_passes():
+    """nccl without overlap exposes the same allreduce; DeepSpeed adds flatten, 1/dp scale and copy back, each a
+    read and a write of the fp16 gradient (2 bytes): 12 bytes per parameter at the achieved HBM bandwidth."""
+    hw = load_hardware("a100-800g")
+    plain = _breakdown(_plan(overlap=False))["comm/dp_allreduce"]
+    engine = _breakdown(_plan(dp_impl="deepspeed"))["comm/dp_allreduce"]
+    params = _gpt().total_params
+    copies = deepspeed.ALLREDUCE_COPY_PASSES * 2 * 2 * params / hw.device.achieved_memory_bandwidth()
+    assert engine - plain == pytest.approx(copies, rel=1e-6)
+    assert engine > _breakdown(_plan())["comm/dp_allreduce"]  # the default nccl plan overlaps it at pp 1
+
+
+def test_fp16_optimizer_adds_its_counted_passes_to_the_update():
+    """32 bytes per parameter of flat-gradient passes and fp16 refresh, 10 of overflow check, and per tensor three
+    host operators and three device steps waited on, then two operators (cast, copy back)."""
+    hw = load_hardware("a100-800g")
+    fused = _breakdown(_plan())["optimizer"]
+    wrapped = _breakdown(_plan(optimizer_impl="deepspeed-fp16"))["optimizer"]
+    params, tensors = _gpt().total_params, parameter_tensors(_gpt())
+    bw, lat = hw.device.achieved_memory_bandwidth(), hw.device.launch_latency
+    op = (OPTIMIZER_OP_HOST + LAUNCH_CALL) / hw.device.host_speed
+    check = 10 * params / bw + tensors * 3 * (op + lat)
+    passes = max(32 * params / bw + (2 * tensors + 3) * lat, 2 * tensors * op)
+    assert wrapped - fused == pytest.approx(check + passes, rel=1e-9)
+    assert deepspeed.fp16_optimizer_time(_gpt(), hw, _plan(), params) == 0.0  # fused: nothing added
+
+
+@pytest.mark.parametrize("faster", ["memory_bandwidth", "host"])
+def test_a_faster_device_or_host_never_slows_the_deepspeed_step(tmp_path, faster: str):
+    """Physics invariant across both DeepSpeed knobs, with pipeline stages (pp 2) and recomputation."""
+    edit = ("device: {memory_bandwidth: 4000 GB/s}" if faster == "memory_bandwidth"
+            else "device: {host: {speed: 2.0, cores: 128}}")
+    path = tmp_path / "fast.yaml"
+    path.write_text(f"extends: a100-800g\nname: fast\n{edit}\n")
+    plan = _plan(devices=64, dp=32, pp=2, dp_impl="deepspeed", optimizer_impl="deepspeed-fp16")
+    base = StepModel(_gpt(), load_hardware("a100-800g")).predict(plan).step_time_s
+    fast = StepModel(_gpt(), load_hardware(str(path))).predict(plan).step_time_s
+    assert fast <= base
+
+
+@pytest.mark.parametrize(("changes", "match"), [
+    ({"dp_impl": "deepspeed", "overlap": True}, "after the backward pass"),
+    ({"dp_impl": "deepspeed", "zero": 1}, "whole gradients"),
+    ({"dp_impl": "deepspeed", "compression": "fp16"}, "uncompressed"),
+    ({"optimizer_impl": "deepspeed-fp16", "dtype": "bf16"}, "dtype: fp16"),
+    ({"optimizer_impl": "deepspeed-fp16", "zero": 1}, "flat shards"),
+])
+def test_a_deepspeed_knob_outside_its_code_path_is_a_one_line_plan_error(changes: dict, match: str):
+    with pytest.raises(PlanError, match=match) as info:
+        validate(_plan(**changes))
+    assert "\n" not in str(info.value)
+
+
+def test_the_vtrain_rows_run_megatron_deepspeeds_fp16_engine():
+    from dlperf.validate import load_dataset
+
+    rows = [r for r in load_dataset() if r.source.startswith("vtrain")]
+    assert rows and all(r.plan.dp_impl == "deepspeed" and r.plan.optimizer_impl == "deepspeed-fp16" for r in rows)
+
+
+def test_the_cli_takes_both_knobs(run):
+    code, out, err = run("predict", "gpt2-xl", "a100-800g", "--gpus", "16", "--global-batch", "64",
+                         "--micro-batch", "4", "--dtype", "fp16", "--dp-impl", "deepspeed",
+                         "--optimizer-impl", "deepspeed-fp16")
+    assert code == 0, err
+    assert "comm/dp_allreduce" in out and "optimizer" in out
