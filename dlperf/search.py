@@ -157,6 +157,8 @@ def _schedules(pp: int, m: int, space: SearchSpace, layers: int, ep: int = 1) ->
         yield "1f1b", 1  # no pipeline: the schedule does not matter
         return
     for schedule in space.schedules:
+        if schedule == "gpipe" and m == 1 and FOLD_GPIPE and "1f1b" in space.schedules:
+            continue  # one micro-batch: GPipe runs 1F1B's plan (forward through every stage, then backward; _no_ops)
         if schedule == "dualpipe":
             # DeepSeek-V3's schedule exists to hide expert all-to-alls: tried with expert parallelism only, where
             # its rules hold (dlperf.plan._check_dualpipe)
@@ -184,7 +186,7 @@ class SearchResult:
     smallest: Any = None          # the priced plan that needs the least memory (fitting or not)
     memory_limit: float = 0.0     # bytes per device a plan had to fit in
     too_slow: int = 0             # plans that fit but missed max_step_time
-    folded: int = 0               # plans left out as another's twin (recompute selective that is none: _no_ops)
+    folded: int = 0               # plans left out as another's twin (selective as none, GPipe at m 1: _no_ops)
 
     def objective_value(self, ev: Any) -> float:
         return objective_value(ev, self.objective, self.hw)
@@ -238,23 +240,38 @@ def _applicable(space: SearchSpace, model: Any, base: Plan, device: str = "") ->
     return space
 
 
-def _no_ops(space: SearchSpace, model: Any) -> tuple[SearchSpace, Callable[[Plan], bool]]:
-    """The space without the knob values that are provably another value's plan under a new name, and a test
-    telling which enumerated plans stood for a left-out twin (their count is what the search folded). Recompute
-    selective is recompute none when no layer prices them apart (dlperf.engine.stage.selective_changes: every
-    attention is fused, as FlashAttention, cuDNN's fused attention and MLA's core are, or there is none): the
-    same step time, breakdown and memory for every plan. Each enumerated plan with recompute none and neither
-    partial recomputation nor FP8 caching had exactly one selective twin (_recomputes pairs them; _ep_overlaps
-    reads recompute only for full; no other knob reads it). The other no-ops are never enumerated in the first
-    place: sequence parallelism at tp 1, ZeRO at dp * cp 1, the schedule at pp 1, ep overlap and dispatchers
-    at ep 1, partial recomputation of modules the model lacks (_cheap_knobs, _schedules, _present_modules)."""
+FOLD_GPIPE = True  # GPipe at one micro-batch is left out as 1F1B's twin (_no_ops); False enumerates both
+
+
+def _no_ops(space: SearchSpace, model: Any) -> tuple[SearchSpace, Callable[[Plan], int]]:
+    """The space without the knob values that are provably another value's plan under a new name, and how many
+    left-out twins each enumerated plan stands for (their sum is what the search folded).
+    - Recompute selective is recompute none when no layer prices them apart (dlperf.engine.stage.selective_changes:
+      every attention is fused, as FlashAttention, cuDNN's fused attention and MLA's core are, or there is none):
+      the same step time, breakdown and memory for every plan. Each enumerated plan with recompute none and neither
+      partial recomputation nor FP8 caching had exactly one selective twin (_recomputes pairs them; _ep_overlaps
+      reads recompute only for full; no other knob reads it).
+    - GPipe at one micro-batch per step is 1F1B's run: one forward through every stage, then its backward, one
+      micro-batch in flight on every stage (dlperf.engine.pipeline.in_flight, memory._stage_in_flight) and the
+      same busy time, bubble and sends (pipeline.schedule_time reads no schedule but interleaving's);
+      tests/test_search.py checks predict's equality. _schedules leaves GPipe out there when 1F1B is searched.
+    The other no-ops are never enumerated in the first place: sequence parallelism at tp 1, ZeRO at dp * cp 1,
+    the schedule at pp 1, ep overlap and dispatchers at ep 1, partial recomputation of modules the model lacks
+    (_cheap_knobs, _schedules, _present_modules)."""
     from dlperf.engine.stage import selective_changes
 
-    if not {"none", "selective"} <= set(space.recompute) or \
-            any(selective_changes(layer) for layer, _ in model.counted()):
-        return space, lambda plan: False
-    space = replace(space, recompute=tuple(r for r in space.recompute if r != "selective"))
-    return space, lambda plan: plan.recompute == "none" and not plan.recompute_modules and not plan.fp8_activations
+    selective = {"none", "selective"} <= set(space.recompute) and \
+        not any(selective_changes(layer) for layer, _ in model.counted())
+    gpipe = FOLD_GPIPE and {"1f1b", "gpipe"} <= set(space.schedules)
+    if selective:
+        space = replace(space, recompute=tuple(r for r in space.recompute if r != "selective"))
+
+    def twins(plan: Plan) -> int:
+        as_none = selective and plan.recompute == "none" and not plan.recompute_modules and not plan.fp8_activations
+        as_1f1b = gpipe and plan.pp > 1 and plan.schedule == "1f1b" and plan.micro_batches == 1
+        return (1 + as_none) * (1 + as_1f1b) - 1
+
+    return space, twins
 
 
 def _present_modules(ops: set[str]) -> tuple[str, ...]:
@@ -307,7 +324,7 @@ def search(model: Any, hw: Any, devices: int | list[int], global_batch: int, *, 
     for n in counts:
         plans += enumerate_plans(base.with_(devices=n, global_batch=global_batch), node, evaluator.heads,
                                  evaluator.layers, space, _pp_filter(model, space), expert_count(model))
-    folded = sum(1 for plan in plans if twins(plan))
+    folded = sum(twins(plan) for plan in plans)
     fitting: list[Any] = []
     smallest, too_slow = None, 0  # the smallest-memory plan priced (fitting ones only, see _smallest)
     over: list[tuple[float, Plan]] = []  # (memory, plan) of the valid plans that do not fit, never priced

@@ -92,7 +92,8 @@ def test_enumeration_respects_heads_and_node():
 
 def test_search_returns_only_fitting_plans_sorted(gpt_search):
     ranked = gpt_search.ranked
-    assert gpt_search.considered == 1305  # interleaved plans with pp*v > layers are not enumerated (impossible)
+    # interleaved plans with pp*v > layers are not enumerated (impossible); GPipe at one micro-batch is 1F1B (folded)
+    assert gpt_search.considered == 1242 and gpt_search.folded == 63
     assert 0 < gpt_search.feasible == len(ranked) < gpt_search.considered
     assert all(ev.memory_bytes_per_device <= 3 * 2**30 for ev in ranked)
     times = [ev.step_time_s for ev in ranked]
@@ -247,7 +248,7 @@ def test_cli_search_json(run):
                        "--max-micro-batch", "4", "--max-memory", "3 GiB", "--format", "json")
     assert code == 0
     data = json.loads(out)
-    assert data["considered"] == 1305 and len(data["plans"]) == 3
+    assert data["considered"] == 1242 and data["folded"] == 63 and len(data["plans"]) == 3
     assert [p["rank"] for p in data["plans"]] == [1, 2, 3]
     assert all(p["memory_gib"] <= 3 for p in data["plans"])
 

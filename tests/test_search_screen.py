@@ -110,7 +110,8 @@ def test_memory_equals_the_timelines_on_deepseek_v3_plans():
     model, hw = load_model("deepseek-v3"), load_hardware("h800")
     plans = _plans(model, hw, 2048, 15360)
     dualpipe = [p for p in plans if p.schedule == "dualpipe"]
-    sample = _sample(dualpipe, 30) + _sample([p for p in plans if p.ep_overlap], 30) + _sample(plans, 60)
+    sample = _sample(dualpipe, 30) + _sample([p for p in plans if p.ep_overlap], 30) + _sample(plans, 40) + \
+        _sample([p for p in plans if p.recompute_modules], 20)
     assert {p.ep for p in sample} > {1} and any(p.recompute_modules for p in sample)
     assert _memory_is_timelines(model, hw, sample) == len(sample)
 
@@ -269,21 +270,56 @@ def test_selective_recompute_is_none_where_every_attention_is_fused():
 
 
 def test_folded_search_equals_pricing_every_plan_with_the_twins(monkeypatch):
-    """Folding recompute selective where it is recompute none leaves the same ranking as pricing every plan, twins
-    included, and dropping the twins: the same best plan and step time, the same distinct plans, none twice; the
-    plans considered and folded add up to those enumerated without folding."""
+    """Folding recompute selective where it is recompute none, and GPipe at one micro-batch into 1F1B, leaves the
+    same ranking as pricing every plan, twins included, and dropping the twins: the same best plan and step time,
+    the same distinct plans, none twice; the plans considered and folded add up to those enumerated without
+    folding. (At 32 samples on 8 GPUs no pipeline runs one micro-batch: test_gpipe_at_one_micro_batch_is_folded
+    covers that fold.)"""
     model, hw = load_model("gpt", FLASH_GPT), load_hardware("dgx-a100")
     result, plans = _searched(model, hw, 8, 32, max_memory=3 * 2**30, space=SMALL)
     assert result.folded > 0 and not any(p.recompute == "selective" for p in plans)
-    monkeypatch.setattr("dlperf.engine.stage.selective_changes", lambda layer: True)  # fold nothing
+    assert not any(p.schedule == "gpipe" and p.pp > 1 and p.micro_batches == 1 for p in plans)
+    monkeypatch.setattr("dlperf.engine.stage.selective_changes", lambda layer: True)  # fold nothing:
+    monkeypatch.setattr("dlperf.search.FOLD_GPIPE", False)  # neither selective nor GPipe at one micro-batch
     every = _plans(model, hw, 8, 32, max_memory=3 * 2**30, space=SMALL)
     assert len(every) == result.considered + result.folded and set(plans) < set(every)
     brute = _priced_one_by_one(model, hw, every, result.memory_limit, None)["ranked"]
     assert {p.recompute for p in (ev.plan for ev in brute)} >= {"none", "selective"}
     assert result.ranked[0].plan == brute[0].plan and result.ranked[0].step_time_s == brute[0].step_time_s
     assert [(ev.plan, *_same_rows(ev)) for ev in result.ranked] == \
-        [(ev.plan, *_same_rows(ev)) for ev in brute if ev.plan.recompute != "selective"]
+        [(ev.plan, *_same_rows(ev)) for ev in brute if ev.plan.recompute != "selective" and not _gpipe_at_one(ev.plan)]
     assert {_same_rows(ev) for ev in result.ranked} == {_same_rows(ev) for ev in brute}
-    twins = {(ev.plan.with_(recompute="none"), _same_rows(ev)) for ev in result.ranked
-             if ev.plan.recompute in ("none", "selective")}
-    assert len(twins) == sum(ev.plan.recompute in ("none", "selective") for ev in result.ranked)
+    kept = {(_canonical(ev.plan), _same_rows(ev)) for ev in result.ranked}
+    assert len(kept) == len(result.ranked)  # no two ranked plans are twins
+    assert {(_canonical(ev.plan), _same_rows(ev)) for ev in brute} == kept  # every twin priced as its kept plan
+
+
+def _gpipe_at_one(plan: Plan) -> bool:
+    return plan.schedule == "gpipe" and plan.pp > 1 and plan.micro_batches == 1
+
+
+def _canonical(plan: Plan) -> Plan:
+    """The plan a folded twin stands for: selective as none (FLASH_GPT's attention is fused), GPipe at one
+    micro-batch as 1F1B."""
+    if plan.recompute == "selective":
+        plan = plan.with_(recompute="none")
+    return plan.with_(schedule="1f1b") if _gpipe_at_one(plan) else plan
+
+
+def test_gpipe_at_one_micro_batch_is_folded_and_prices_as_1f1b(monkeypatch):
+    """GPipe with one micro-batch per step is 1F1B's run: predict gives the same step, breakdown and memory (with
+    recomputation full, except_last and none), and search lists it once, as 1F1B, counting the twin as folded."""
+    model, hw = load_model("gpt", GPT_SMALL), load_hardware("dgx-a100")
+    steps = StepModel(model, hw)
+    for recompute in ("none", "full", "except_last"):
+        plan = Plan(devices=8, dp=2, pp=4, global_batch=4, micro_batch=2, recompute=recompute)
+        one, other = steps.timeline(plan), steps.timeline(plan.with_(schedule="gpipe"))
+        assert _same_rows(one) == _same_rows(other), recompute
+    folded, plans = _searched(model, hw, 8, 4, space=SMALL)
+    assert not any(_gpipe_at_one(p) for p in plans) and any(p.pp > 1 and p.micro_batches == 1 for p in plans)
+    monkeypatch.setattr("dlperf.search.FOLD_GPIPE", False)
+    every, all_plans = _searched(model, hw, 8, 4, space=SMALL)
+    twins = sum(_gpipe_at_one(p) for p in all_plans)
+    assert twins > 0 and folded.considered + twins == every.considered and folded.folded == every.folded + twins
+    assert [(ev.plan, *_same_rows(ev)) for ev in folded.ranked] == \
+        [(ev.plan, *_same_rows(ev)) for ev in every.ranked if not _gpipe_at_one(ev.plan)]
