@@ -61,9 +61,9 @@ PER_BLOCK_ZERO_IMPLS = ("fsdp", "megatron-fsdp")  # one gather per repeated bloc
 # Who runs the data-parallel gradient allreduce (dlperf.engine.horovod): "nccl", the framework calling NCCL itself
 # (PyTorch DDP's buckets, Megatron-LM); "horovod-0.19", Horovod v0.18-v0.20's background thread (5 ms negotiation
 # cycle, 64 MiB fusion buffer, TensorFlow frontend's compression casts and averaging), as NVIDIA's TensorFlow 1
-# examples ran it; "deepspeed", DeepSpeed's engine without ZeRO (Megatron-DeepSpeed): one bucketed allreduce after
-# the backward pass, nothing overlapped, with flatten/scale/copy-back passes around it (dlperf.engine.deepspeed).
-DP_IMPLS = ("nccl", "horovod-0.19", "deepspeed")
+# examples ran it; "post-backward", the gradients flattened, all-reduced and copied back after the backward pass,
+# nothing overlapped (DeepSpeed's engine without ZeRO, Megatron-LM's local DDP of 2019-2021: engine.post_backward).
+DP_IMPLS = ("nccl", "horovod-0.19", "post-backward")
 # Activation layout of convolutional networks: "nhwc" (PyTorch channels_last, TensorFlow's default, what cuDNN's
 # tensor-core convolutions read and write) or "nchw" (PyTorch's default contiguous format), in which every
 # tensor-core convolution pays cuDNN's NCHW <-> NHWC transposes (dlperf.ops.conv.layout_transpose_kernel).
@@ -290,8 +290,8 @@ def _check_dp_impl(plan: Plan) -> None:
     if plan.zero or plan.parameter_server:
         raise PlanError(f"dp_impl {plan.dp_impl} allreduces whole gradients", expected="zero 0, parameter_server 0",
                         found=f"zero {plan.zero}, parameter_server {plan.parameter_server}")
-    if plan.dp_impl == "deepspeed":
-        _check_deepspeed_dp(plan)
+    if plan.dp_impl == "post-backward":
+        _check_post_backward(plan)
         return
     if parse_compression(plan.compression) not in [parse_compression(name) for name in SCHEMES]:
         raise PlanError(f"dp_impl {plan.dp_impl} compresses with Compression.none or Compression.fp16",
@@ -301,17 +301,17 @@ def _check_dp_impl(plan: Plan) -> None:
                         expected="cp = ep = 1", found=f"cp={plan.cp} ep={plan.ep}")
 
 
-def _check_deepspeed_dp(plan: Plan) -> None:
-    """DeepSpeed's engine all-reduces after the backward pass (never overlapped), uncompressed, over one flat
-    data-parallel group (dlperf.engine.deepspeed)."""
+def _check_post_backward(plan: Plan) -> None:
+    """A post-backward all-reduce runs after the backward pass (never overlapped), uncompressed, over one flat
+    data-parallel group (dlperf.engine.post_backward)."""
     if plan.overlap:
-        raise PlanError("dp_impl deepspeed all-reduces after the backward pass: nothing overlaps it",
+        raise PlanError("dp_impl post-backward all-reduces after the backward pass: nothing overlaps it",
                         expected="overlap false or unset", found=plan.overlap)
     if plan.compression != "none":
-        raise PlanError("dp_impl deepspeed all-reduces uncompressed gradients", expected="compression none",
+        raise PlanError("dp_impl post-backward all-reduces uncompressed gradients", expected="compression none",
                         found=plan.compression)
     if plan.cp > 1 or plan.ep > 1:
-        raise PlanError("dp_impl deepspeed is priced for a flat data-parallel group", expected="cp = ep = 1",
+        raise PlanError("dp_impl post-backward is priced for a flat data-parallel group", expected="cp = ep = 1",
                         found=f"cp={plan.cp} ep={plan.ep}")
 
 

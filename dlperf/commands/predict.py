@@ -65,9 +65,10 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--dp-impl", type=click.Choice(list(DP_IMPLS)), default="nccl", show_default=True,
                      help="Who runs the data-parallel gradient allreduce: the framework calling NCCL (DDP, "
                           "Megatron-LM), Horovod v0.18-v0.20's background thread (5 ms negotiation cycle, 64 MiB "
-                          "fusion buffers, TensorFlow-side casts and averaging; dlperf.engine.horovod) or DeepSpeed's "
-                          "engine without ZeRO (one allreduce after the backward pass, never overlapped, with its "
-                          "flatten/scale/copy-back passes; dlperf.engine.deepspeed)."),
+                          "fusion buffers, TensorFlow-side casts and averaging; dlperf.engine.horovod) or "
+                          "post-backward (the gradients flattened, all-reduced and copied back after the backward "
+                          "pass, never overlapped: DeepSpeed's engine without ZeRO, Megatron-LM's local DDP of "
+                          "2019-2021; dlperf.engine.post_backward)."),
         click.option("--ep", type=POSITIVE, default=1, show_default=True,
                      help="Expert-parallel degree: MoE experts sharded over this many ranks of the data-parallel "
                           "group."),

@@ -1,25 +1,16 @@
-"""DeepSpeed's engine without ZeRO: its gradient allreduce (plan.dp_impl "deepspeed") and its fp16 optimizer wrapper
-(plan.optimizer_impl "deepspeed-fp16"), as Megatron-DeepSpeed runs them when the DeepSpeed config enables fp16 and
-no ZeRO stage. Read from microsoft/DeepSpeed @38327e07 (deepspeed/runtime/engine.py, deepspeed/runtime/fp16/
-fused_optimizer.py, deepspeed/runtime/utils.py); fused_optimizer.py's step() has the same passes at @023f3614.
+"""DeepSpeed's fp16 optimizer wrapper without ZeRO (plan.optimizer_impl "deepspeed-fp16"), as Megatron-DeepSpeed runs
+fp16 through DeepSpeed's engine (its gradient all-reduce is dlperf.engine.post_backward's). Read from
+microsoft/DeepSpeed @38327e07 (deepspeed/runtime/fp16/fused_optimizer.py FP16_Optimizer.step, deepspeed/runtime/
+utils.py CheckOverflow); step() runs the same passes at @023f3614.
 
-The allreduce (engine.py DeepSpeedEngine.backward -> allreduce_gradients -> buffered_allreduce_fallback):
-- it is called after `loss.backward()` returns, at the gradient-accumulation boundary, with no autograd hooks, so it
-  starts when the backward pass has finished: nothing of it hides behind compute (the pipeline engine's
-  ReduceGrads instruction calls the same allreduce_gradients after the last backward);
-- per bucket of 500M elements (allreduce_no_retain), allreduce_bucket flattens the gradients (torch.cat: read and
-  write), all-reduces, scales by 1/dp in place (postscale_gradients, the default: mul_ reads and writes), and
-  allreduce_and_copy copies each tensor back out of the flat buffer (read and write): ALLREDUCE_COPY_PASSES passes
-  over the gradient on the compute stream, each waiting for the collective before or after it.
-
-The fp16 optimizer (fused_optimizer.py FP16_Optimizer.step, the wrapper DeepSpeed puts around a fused Adam when fp16
-is enabled without ZeRO; the update itself is the wrapped optimizer's, priced by dlperf.engine.step):
-1. overflow check: CheckOverflow.has_overflow_serial (utils.py) calls `float(x.float().sum())` on every parameter's
-   fp16 gradient: an fp32 copy (read 2, write 4 bytes per element), its sum (read 4) and a device-to-host read the
-   host waits for, tensor after tensor (CHECK_OPS operators each, the device idle while the host issues them);
+FP16_Optimizer wraps a fused Adam when fp16 is enabled without ZeRO; the update itself is the wrapped optimizer's,
+priced by dlperf.engine.step. Around it, per step:
+1. overflow check: CheckOverflow.has_overflow_serial calls `float(x.float().sum())` on every parameter's fp16
+   gradient: an fp32 copy (read 2, write 4 bytes per element), its sum (read 4) and a device-to-host read the host
+   waits for, tensor after tensor (CHECK_OPS operators each, the device idle while the host issues them);
 2. the fp32 flat gradient: `_flatten_dense_tensors([p.grad.to(fp32) ...])`: a cast per tensor (read 2, write 4),
    then one cat (read 4, write 4);
-3. get_grad_norm over the flat fp32 gradient (read 4); 4. unscale_and_clip_grads: grad.mul_ (read 4, write 4);
+3. the gradient norm over the flat fp32 gradient (read 4); 4. unscale_and_clip_grads: grad.mul_ (read 4, write 4);
 5. after the update, the fp16 weights refreshed tensor by tensor: `p.data.copy_(q.data)` (read 4, write 2).
 FP16_PASS_BYTES counts 2-5 per parameter, CHECK_BYTES 1. The host's cost per operator is the measured per-operator
 cost of an optimizer loop (dlperf.engine.optimizer_loop.OPTIMIZER_OP_HOST) plus the driver's launch call: a lower
@@ -36,18 +27,11 @@ from dlperf.plan import Plan
 from dlperf.spec.hardware import LAUNCH_CALL, Hardware
 from dlperf.spec.model import Model
 
-ALLREDUCE_COPY_PASSES = 3       # flatten, scale by 1/dp, copy back: each reads and writes the gradient once
 CHECK_BYTES = 2 + 4 + 4         # x.float() reads fp16, writes fp32; .sum() reads the fp32 copy
 CHECK_OPS = 3                   # .float(), .sum(), float(): two kernels and the device-to-host copy the host waits on
 FP16_PASS_BYTES = (2 + 4) + (4 + 4) + 4 + (4 + 4) + (4 + 2)  # cast, cat, norm, unscale, fp16 refresh = 32
 PER_TENSOR_OPS = 2              # the gradient's cast to fp32 and the weight's copy back
 FLAT_OPS = 3                    # the cat, the norm, the unscale: once over the flat gradient
-
-
-def allreduce_copies_time(hw: Hardware, grad_bytes: Any) -> Any:
-    """Seconds of the flatten, scale and copy-back passes around DeepSpeed's gradient allreduce over `grad_bytes`
-    of this device's gradients (0 for a plan of another dp_impl: the caller asks only for "deepspeed")."""
-    return ALLREDUCE_COPY_PASSES * 2 * grad_bytes / hw.device.achieved_memory_bandwidth()
 
 
 def fp16_optimizer_time(model: Model, hw: Hardware, plan: Plan, params: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from dlperf import mathx
 from dlperf.comm import ep_kernels
-from dlperf.engine import deepspeed, horovod, offload, zero_impl
+from dlperf.engine import deepspeed, horovod, offload, post_backward, zero_impl
 from dlperf.engine import memory as mem
 from dlperf.engine.context import DISPATCHER_SMS, Parallel
 from dlperf.engine.cuda_graphs import Graphs
@@ -957,9 +957,8 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
         buffer = mathx.minimum(params, horovod.buffer_params(g, plan.compression))
         last = horovod.allreduce_time(comm, hw, group, buffer, g, plan.compression)
         return total, hidden_behind(total, window, last), 0.0, 0.0
-    if plan.dp_impl == "deepspeed":  # after the backward pass, with its copies: all exposed (engine.deepspeed)
-        total = (comm.collective_time("allreduce", grad_bytes, group, hw)
-                 + deepspeed.allreduce_copies_time(hw, grad_bytes))
+    if plan.dp_impl == "post-backward":  # after the backward pass, with its copies: all exposed
+        total = comm.collective_time("allreduce", grad_bytes, group, hw) + post_backward.copies_time(hw, grad_bytes)
         return total, total, 0.0, 0.0
     last_bucket = comm.collective_time("allreduce", min(DDP_BUCKET_BYTES, grad_bytes), group, hw)
     if plan.parameter_server:
