@@ -14,6 +14,7 @@ from dlperf.ops.base import Layer
 from dlperf.ops.dense import _batches_per_block, megatron_fused_softmax
 from dlperf.plan import Plan
 from dlperf.spec.model import load_model
+from dlperf.validate import DATA_DIR, load_dataset
 
 GPT = Path(__file__).resolve().parents[1] / "models" / "gpt.yaml"
 
@@ -47,6 +48,30 @@ def test_batches_per_block_is_megatrons_get_batch_per_block():
 ])
 def test_fused_softmax_rule_follows_is_kernel_available(batch, heads, sq, sk, e, causal, fused):
     assert megatron_fused_softmax(batch, heads, sq, sk, e, causal) is fused
+
+
+def _fused_before_july_2023(batch: int, heads: int, sq: int, sk: int, e: int) -> bool:
+    """FusedScaleMaskSoftmax.forward's test in Megatron-DeepSpeed before its July 2023 rebase
+    (microsoft/Megatron-DeepSpeed @7491937e megatron/model/fused_softmax.py lines 132-137: custom_kernel_constraint,
+    the test vTrain's own copy keeps, VIA-Research/vTrain @f8dda847 src/model/fused_softmax.py lines 129-134):
+    16 < sk <= 2048, sq % 4 == 0, b x heads-per-rank % 4 == 0 and fp16/bf16 input; no batches_per_block test."""
+    return e == 2 and 16 < sk <= 2048 and sq % 4 == 0 and (batch * heads) % 4 == 0
+
+
+def test_vtrain_multi_node_shapes_fuse_under_either_megatron_deepspeed():
+    # Which Megatron-DeepSpeed vTrain's multi-node runs used is not published; at their shapes (sequence 2048,
+    # micro-batch 2-64, 2-48 heads per rank) the older forward() test and is_kernel_available agree, and only the
+    # 18.4B model at TP 16 micro-batch 2 (48 / 16 = 3 heads x 2 = 6 score rows) falls back to PyTorch's softmax.
+    rows = [r for r in load_dataset([DATA_DIR / "vtrain2024.yaml"]) if r.source == "vtrain-multi-node"]
+    refused = []
+    for row in rows:
+        heads, seq, tp, mb = row.sets["heads"], row.sets["seq"], row.plan.tp, row.plan.micro_batch
+        now = megatron_fused_softmax(mb, heads // tp, seq, seq, 2, True)
+        assert now is _fused_before_july_2023(mb, heads // tp, seq, seq, 2), row.id
+        if not now:
+            refused.append(row.id)
+    assert len(rows) == 109
+    assert refused == ["vtrain-mn-L41-18.4b-g256-tp16-dp16-pp1-mb2-gb1024"]
 
 
 def _kernels(layer: Layer, batch: int, tp: int, e: int = 2) -> list:
