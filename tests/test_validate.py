@@ -422,7 +422,7 @@ def test_vtrain_rows_carry_the_csv_figures():
     first = rows["vtrain-1n-L2-h1024-l24-g2-tp1-dp1-pp2-mb8-gb16"]
     assert (first.value, first.unit, first.hardware) == (0.372160408, "iteration_time_s", "dgx-a100")
     assert first.plan == Plan(devices=2, dp=1, tp=1, pp=2, global_batch=16, micro_batch=8, schedule="1f1b",
-                              recompute="full", dtype="fp16", optimizer="adam", dp_impl="deepspeed",
+                              recompute="full", dtype="fp16", optimizer="adam", dp_impl="post-backward",
                               optimizer_impl="deepspeed-fp16")
     assert first.sets == {"hidden": 1024, "heads": 16, "layers": 24, "seq": 1024, "vocab": 50257}
     last = rows["vtrain-1n-L1441-h1024-l24-g4-tp1-dp4-pp1-mb8-gb64"]
