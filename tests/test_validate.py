@@ -165,7 +165,8 @@ def test_builtin_rows_carry_the_published_figures():
     big = rows["narayanan2021-t1-76.1B"]
     assert (big.value, big.unit) == (140.0, "tflops_per_gpu")
     assert big.plan == Plan(devices=1024, dp=32, tp=8, pp=4, global_batch=1792, micro_batch=2,
-                            schedule="interleaved", virtual_stages=3, recompute="full", dtype="fp16")
+                            schedule="interleaved", virtual_stages=3, recompute="full", dtype="fp16",
+                            dp_impl="post-backward")  # Megatron-LM's local DDP of 2021 (engine.post_backward)
     assert big.sets == {"hidden": 10240, "heads": 80, "layers": 60, "seq": 2048, "vocab": 51200}
     # BERT seq128 AMP, 4 nodes: GBS 65536 from 32 GPUs x 256 -> 8 accumulation steps.
     bert = rows["dle-bert-large-seq128-fp16-4node"]
