@@ -7,12 +7,13 @@ are counted tensor by tensor from that derivation, not from the rows."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import pytest
 
 from dlperf.errors import SpecError
 from dlperf.ops import OPS
-from dlperf.ops.elementwise import FP32_SECTION_BYTES, RANDOM_TENSOR_BYTES
+from dlperf.ops.elementwise import FP32_SECTION_BYTES, RANDOM_TENSOR_BYTES, XLA_SOFTMAX_KERNELS
 from dlperf.spec.model import load_model, model_from_dict
 from dlperf.spec.yamlio import load_yaml_text
 from dlperf.validate import load_dataset
@@ -55,12 +56,12 @@ def test_off_by_default_nothing_changes():
             assert not any(k.name.startswith("xla_") for k in OPS[layer.op].kernels(layer, BATCH, e)), layer
 
 
-def test_the_encoders_48_sections_and_24_gelus_switch_and_nothing_else():
+def test_the_encoders_48_sections_24_gelus_and_24_attention_cores_switch_and_nothing_else():
     model = _bert(True)
     switched = {(layer.op, count) for layer, count in model.counted() if layer.get("xla") or layer.get("fused")}
-    # per layer: two dropouts, two residual adds, two LayerNorms in the sections, one GELU; the embedding's and the
-    # MLM head's LayerNorm, GELU and dropout are not of this form and stay as they were
-    assert switched == {("dropout", 48), ("add", 48), ("layernorm", 48), ("gelu", 24)}
+    # per layer: two dropouts, two residual adds, two LayerNorms in the sections, one GELU, one attention core; the
+    # embedding's and the MLM head's LayerNorm, GELU and dropout are not of this form and stay as they were
+    assert switched == {("dropout", 48), ("add", 48), ("layernorm", 48), ("gelu", 24), ("attention", 24)}
 
 
 @pytest.mark.parametrize("e", [2, 4])
@@ -142,3 +143,64 @@ def test_a_residual_refuses_a_fused_that_is_not_a_boolean():
     with pytest.raises(SpecError, match="true or false") as err:
         model_from_dict(load_yaml_text(MODEL.replace("FUSED", "3"), "m.yaml"), "m.yaml", {})
     assert "\n" not in str(err.value)
+
+
+# ---- the attention core: scale, mask add, softmax and dropout between the two GEMMs (xla_softmax_kernels) ----------
+HEADS = 16
+SCORES, SOFTMAX_ROWS = BATCH * HEADS * SEQ * SEQ, BATCH * HEADS * SEQ
+
+
+def _attention(tf_xla: bool):
+    (layer, count), = _layers(_bert(tf_xla), "attention")
+    assert count == 24
+    return layer
+
+
+def test_the_attention_core_runs_xlas_five_kernels_around_the_random_uniform():
+    names = [k.name for k in OPS["attention"].kernels(_attention(True), BATCH, 2)]
+    core = names[names.index("scores"):names.index("attend") + 1]
+    # the RandomUniform (outside the cluster), then the forward's scores-and-max, exp-and-sum and probabilities and
+    # the backward's row sum and gradient; the plain softmax and dropout kernels are gone
+    assert core == ["scores", "attn_random_uniform", *XLA_SOFTMAX_KERNELS, "attend"]
+    plain = [k.name for k in OPS["attention"].kernels(_attention(False), BATCH, 2)]
+    assert "softmax" in plain and "attn_dropout" in plain and not set(XLA_SOFTMAX_KERNELS) & set(plain)
+
+
+@pytest.mark.parametrize(("e", "fwd_per_element", "bwd_per_element"), [
+    # forward: max reads the GEMM out, writes the scores (2e); exp-and-sum reads them, writes exp (2e); probabilities
+    # read exp and the random tensor, write the dropped probabilities (2e + 4). Backward: the row sum and the
+    # gradient each read the incoming gradient, the random tensor and exp (2e + 4), the gradient writes e
+    (2, 2 * 2 + 2 * 2 + 2 * 2 + 4, 2 * (2 * 2 + 4) + 2),
+    (4, 2 * 4 + 2 * 4 + 2 * 4 + 4, 2 * (2 * 4 + 4) + 4),
+])
+def test_attention_core_bytes_count_each_tensor_once_per_kernel(e, fwd_per_element, bwd_per_element):
+    kernels = _kernels(_attention(True), e)
+    core = [kernels[name] for name in XLA_SOFTMAX_KERNELS]
+    f = FP32_SECTION_BYTES
+    # per row: max written and read, sum written and read by the probabilities; backward the sum read twice and the
+    # gradient's float32 row sum written and read
+    fwd_rows, bwd_rows = e + 2 * e + e, 2 * (e + f)
+    assert sum(k.cost.fwd_bytes for k in core) == fwd_per_element * SCORES + fwd_rows * SOFTMAX_ROWS
+    assert sum(k.cost.bwd_bytes for k in core) == bwd_per_element * SCORES + bwd_rows * SOFTMAX_ROWS
+    assert kernels["attn_random_uniform"].cost.fwd_bytes == RANDOM_TENSOR_BYTES * SCORES
+
+
+def test_attention_core_runs_three_forward_and_two_backward_kernels_with_the_plain_flops():
+    kernels = _kernels(_attention(True), 2)
+    core = [kernels[name] for name in XLA_SOFTMAX_KERNELS]
+    assert [k.phase_launches for k in core] == [(1, 0), (1, 0), (1, 0), (0, 1), (0, 1)]
+    plain = _kernels(_attention(False), 2)
+    fwd = plain["softmax"].cost.fwd_flops + plain["attn_dropout"].cost.fwd_flops
+    bwd = plain["softmax"].cost.bwd_data_flops + plain["attn_dropout"].cost.bwd_data_flops
+    assert sum(k.cost.fwd_flops for k in core) == fwd and sum(k.cost.bwd_data_flops for k in core) == bwd
+
+
+def test_attention_core_without_dropout_reads_no_random_tensor():
+    layer = _attention(True)
+    undropped = replace(layer, attrs=tuple((k, 0.0 if k == "dropout" else v) for k, v in layer.attrs))
+    dropped, plain = _kernels(layer, 2), _kernels(undropped, 2)
+    assert "attn_random_uniform" not in plain
+    for name in XLA_SOFTMAX_KERNELS:
+        # the probabilities and both backward kernels read the random tensor for the mask, nothing else does
+        extra = sum(getattr(dropped[name].cost, b) - getattr(plain[name].cost, b) for b in ("fwd_bytes", "bwd_bytes"))
+        assert extra == (RANDOM_TENSOR_BYTES * SCORES if name in XLA_SOFTMAX_KERNELS[2:] else 0)

@@ -26,6 +26,7 @@ from dlperf.ops import OPS
 from dlperf.ops.base import Kernel
 from dlperf.ops.conv import TENSOR_CORE_DTYPES, algorithm_kernel, applicable, layout_transpose_kernel
 from dlperf.ops.dense import qkv_split_for_rank, quadratic_attention_bytes, softmax_for_rank
+from dlperf.ops.elementwise import XLA_SOFTMAX_KERNELS
 from dlperf.ops.fp8 import OPERAND_BYTES, fp8_kernels, is_recipe, kernel_dtype, storage_dtype
 from dlperf.ops.fp8 import saved_bytes as fp8_saved_bytes
 from dlperf.ops.moe import moe_kernels
@@ -34,7 +35,8 @@ from dlperf.plan import fast_replace
 from dlperf.spec.hardware import Device, Hardware
 
 FULL = ("full", "except_last")  # rerun every forward kernel (except_last: not for the last micro-batch)
-ATTENTION_CORE = ("scores", "softmax", "attn_random_uniform", "attn_dropout", "attend", "flash_attention")
+ATTENTION_CORE = ("scores", "softmax", "attn_random_uniform", "attn_dropout", "attend", "flash_attention",
+                  *XLA_SOFTMAX_KERNELS)
 # Ops that full recomputation never reruns: the loss runs after the checkpointed blocks (Megatron-LM checkpoints
 # the transformer layers, ParallelTransformer._checkpointed_forward in megatron/model/transformer.py @5281919, and
 # GPT2Model computes the loss on their output; FSDP-style activation checkpointing wraps the blocks too).

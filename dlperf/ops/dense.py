@@ -11,7 +11,7 @@ from typing import Any
 from dlperf import mathx
 from dlperf.cost import Cost
 from dlperf.ops.base import INDEX_BYTES, MASK_BYTES, REQUIRED, Kernel, Layer, OpRule, clog2, numel
-from dlperf.ops.elementwise import RANDOM_TENSOR_BYTES, random_tensor_kernel
+from dlperf.ops.elementwise import RANDOM_TENSOR_BYTES, random_tensor_kernel, xla_softmax_kernels
 
 # ---- linear ---------------------------------------------------------------------------------------------
 
@@ -366,9 +366,17 @@ def _attention_kernels(layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
         Kernel("scores", "matmul", qk + Cost(fwd_bytes=q_bytes + k_bytes + score_bytes,
                                               bwd_bytes=2 * score_bytes + 2 * qkv_bytes),
                gemm=(batch * h, s, skv, hd), tp_dim="batch"),
-        Kernel("softmax", "transcendental", softmax + Cost(fwd_bytes=2 * score_bytes, bwd_bytes=3 * score_bytes)),
     ]
-    if layer["dropout"]:
+    if layer["xla"]:
+        # TensorFlow 1 under XLA auto-clustering: the scale, mask add, softmax and dropout as XLA's five kernels
+        # (dlperf.ops.elementwise.xla_softmax_kernels); the RandomUniform stays outside the cluster
+        if layer["dropout"] and layer["random_tensor"]:
+            kernels.append(random_tensor_kernel("attn_random_uniform", scores))
+        kernels += xla_softmax_kernels(batch * h * s, skv, e, bool(layer["dropout"]))
+    else:
+        kernels.append(Kernel("softmax", "transcendental", softmax + Cost(fwd_bytes=2 * score_bytes,
+                                                                          bwd_bytes=3 * score_bytes)))
+    if layer["dropout"] and not layer["xla"]:
         # dropout on the attention probabilities as its own pass (Megatron-LM 2021, BERT, GPT-2): reads and
         # writes the s^2 matrix and a one-byte mask, forward and backward; with `random_tensor` (TensorFlow's
         # tf.nn.dropout) a RandomUniform kernel first writes the s^2 uniform numbers, which the dropout reads back
@@ -684,7 +692,7 @@ ATTENTION = OpRule(
     attrs={"heads": REQUIRED, "head_dim": None, "kv_heads": None, "causal": False, "bias": True,
            "flash": False, "kv_seq": None, "out": None, "dropout": 0.0, "random_tensor": False, "qkv_bias": False,
            "flash_version": 2, "triton": False, "softmax": "fused", "window": None, "sinks": False, "unpad": False,
-           "rope": None, "qkv_split": None},
+           "rope": None, "qkv_split": None, "xla": False},
     shape=lambda s, a: (*s[:-1], a["out"]),
     params=_attention_params,
     kernels=_attention_kernels,

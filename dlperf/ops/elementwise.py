@@ -103,7 +103,8 @@ def random_tensor_kernel(name: str, n: Any) -> Kernel:
 # ones (.cc:1618). So: the residual adds, every op of the LayerNorms and the whole GELU are black (fp32); the
 # BiasAdds and dropouts after the output and FFN MatMuls are downstream of white but reach the next MatMul only
 # through black ops, so they stay fp32 too; Casts sit at each MatMul's output and input (.cc:1882
-# ChangeTypeAttrsAndAddCasts). The attention's bias adds, softmax and its dropout lie between MatMuls: fp16. The
+# ChangeTypeAttrsAndAddCasts). The attention's bias adds, softmax and its dropout lie between MatMuls: fp16 (their
+# gradient and XLA's kernels for them: above xla_softmax_kernels). The
 # gradients of the fp32 ops are fp32 too (their Sum reductions and the forward's black tensors they read are
 # black). Under TF32 the whole section is fp32 anyway.
 #
@@ -184,6 +185,66 @@ def xla_gelu_kernels(n: Any, e: int) -> tuple[Kernel, ...]:
             fwd_flops=fwd * n, bwd_data_flops=bwd * n, fwd_bytes=n * (2 * e + f), bwd_bytes=n * (3 * e + f),
             depth=1, bwd_depth=1), launches=1, bwd_launches=1),
         Kernel("xla_gelu_bias_grad_reads", "memory", Cost(bwd_bytes=n * (e + f)), launches=0, bwd_launches=0),
+    )
+
+
+# The attention's scale, mask add, softmax and tf.nn.dropout (attention attribute `xla`). What runs: DLE @729963dd
+# modeling.py:713-736, BatchMatMul, Mul by 1/sqrt(head dim), AddV2 of a [B, 1, 1, T] mask adder (the mask is
+# [B, 1, T], modeling.py:564), Softmax, dropout, BatchMatMul. In the 20.06 container's lists Softmax, Mul and AddV2
+# are gray (auto_mixed_precision_lists.h @91fc0fc3:147, 141, 117), so between the two white BatchMatMuls the
+# forward runs fp16 under AMP. Its gradient is not: _SoftmaxGrad (python/ops/nn_grad.py:302-304) is
+# `(g - reduce_sum(g * softmax, -1)) * softmax`, and Sum is black (lists.h:182), so the Sub and Mul after it are
+# painted black too (auto_mixed_precision.cc:1568) and the Mul before it is not between white ops: fp32. Under XLA
+# that precision never reaches memory but in the row sums: what decides the traffic is which tensors XLA's fusion
+# passes materialise (gpu/gpu_compiler.cc:262-265: instruction fusion without, then with duplication, the fusion
+# merger, multi-output fusion), from tf2xla's lowering of Softmax (tf2xla/kernels/softmax_op.cc:61-82: reduce-max,
+# subtract, exp, reduce-sum of its f32 convert, divide):
+# - the scaled, masked scores have two users (the max and the subtract): the first pass will not duplicate them
+#   (instruction_fusion.cc:678-681), so they become a loop fusion, which the second pass never fuses further (a
+#   fusion as producer, gpu/instruction_fusion.cc:45-48) and the fusion merger cannot merge (its user the max is a
+#   bare reduce, not a fusion: gpu/fusion_merger.cc:204); multi-output fusion joins it to the max
+#   (gpu/multi_output_fusion.cc:167-217): one kernel reads the GEMM output and writes the scores back with the max;
+# - exp is expensive (instruction_fusion.cc:153) and has two users (the sum, the divide): never duplicated, it is a
+#   loop fusion that multi-output fusion joins to the sum; one kernel reads the scores and writes exp and the sum;
+# - the divide (cheap on the GPU, gpu/instruction_fusion.cc:31-38), the dropout's compare, convert and multiplies
+#   form the kernel that reads exp and the random tensor and writes the dropped probabilities for the next GEMM;
+#   the softmax itself is not written, the fusion merger folds the divide into its backward users too
+#   (fusion_merger.cc: bytes ratio 0.6, under the 1.10 of :239).
+# That forward is what an HLO profile of NVIDIA's TensorFlow BERT under XLA shows (NVIDIA/tensorflow issue #36,
+# 2021): the Softmax as an input fusion with outputs (f16[8,12,128], f16[8,12,128,128]) reading the score GEMM's
+# output, then one reading that tensor and the row max with outputs (f16[8,12,128], f16[8,12,128,128]) and
+# transcendental work (the exp). Backward, the dropout's gradient g = dprobs * mask * scale is needed by the row
+# sum of g * softmax and by the elementwise (g - sum) * softmax; the merger duplicates it into both (bytes ratio
+# 0.67), so each of the two kernels reads the incoming gradient, the random tensor (the mask is recomputed from
+# it, as in the LayerNorm sections above) and exp; the second writes the scores' gradient for the two GEMMs.
+
+
+XLA_SOFTMAX_KERNELS = ("xla_softmax_max", "xla_softmax_exp_sum", "xla_softmax_probs", "xla_softmax_grad_sum",
+                       "xla_softmax_grad")  # xla_softmax_kernels' names, in that order
+
+
+def xla_softmax_kernels(rows: Any, width: Any, e: int, dropout: bool) -> tuple[Kernel, ...]:
+    """The attention core between its two GEMMs on `rows` rows of `width` scores, as XLA's kernels run it (section
+    comment above): forward the scores-and-max, exp-and-sum and probabilities kernels, backward the row sum and the
+    scores' gradient. Full tensors at the plan's width `e`, the random tensor at RANDOM_TENSOR_BYTES (read
+    wherever the dropout's mask is needed; nothing when the layer has no dropout), the row max and sum at `e` and
+    the gradient's row sum at float32 (Sum is black). FLOPs are the unfused softmax's and dropout's (5 + 3
+    forward, 4 + 1 backward per element)."""
+    n = rows * width
+    r = RANDOM_TENSOR_BYTES if dropout else 0
+    f = FP32_SECTION_BYTES
+    return (
+        Kernel("xla_softmax_max", "memory", Cost(fwd_flops=3 * n, fwd_bytes=2 * e * n + e * rows,
+                                                 depth=clog2(width) + 2), launches=1, bwd_launches=0),
+        Kernel("xla_softmax_exp_sum", "transcendental", Cost(fwd_flops=3 * n, fwd_bytes=2 * e * n + 2 * e * rows,
+                                                             depth=clog2(width) + 1), launches=1, bwd_launches=0),
+        Kernel("xla_softmax_probs", "memory", Cost(fwd_flops=2 * n, fwd_bytes=(2 * e + r) * n + e * rows, depth=2),
+               launches=1, bwd_launches=0),
+        Kernel("xla_softmax_grad_sum", "memory", Cost(bwd_data_flops=2 * n, bwd_bytes=(2 * e + r) * n
+                                                      + (e + f) * rows, bwd_depth=clog2(width) + 1),
+               launches=0, bwd_launches=1),
+        Kernel("xla_softmax_grad", "memory", Cost(bwd_data_flops=3 * n, bwd_bytes=(3 * e + r) * n + (e + f) * rows,
+                                                  bwd_depth=2), launches=0, bwd_launches=1),
     )
 
 
