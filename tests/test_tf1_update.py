@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dlperf.engine.optimizer_loop import parameter_tensors
 from dlperf.engine.step import StepModel
-from dlperf.engine.tf1_update import HOST_PER_VARIABLE, branch_host_time
+from dlperf.engine.tf1_update import (
+    ACCUMULATE_SYNC_HOST,
+    HOST_PER_VARIABLE,
+    VARIABLES_MEASURED,
+    XEON_VM_SPEED,
+    accumulation_sync_host,
+    branch_host_time,
+)
 from dlperf.errors import PlanError
 from dlperf.plan import Plan, validate
 from dlperf.spec.hardware import load_hardware
@@ -67,3 +76,53 @@ def test_tf1_graph_with_zero_is_a_one_line_plan_error():
     with pytest.raises(PlanError, match="flat shards") as info:
         validate(Plan(devices=8, global_batch=2048, micro_batch=256, optimizer_impl="tf1-graph", zero=1))
     assert "\n" not in str(info.value)
+
+
+# ---- the AMP accumulation run's sync on all_are_finite (accumulation_sync_host) -----------------------------------
+AMP_PASSES = ("amp-casts", "unscale", "finite-check", "global-norm", "clip")
+
+
+def _accumulation_s(plan: Plan) -> float:
+    """Gradient accumulation per micro-batch (the breakdown's term over the plan's micro-batches)."""
+    model = StepModel(load_model("bert-large", BERT), load_hardware("a100-40gb"))
+    return model.predict(plan).breakdown_s["compute/grad_accumulation"] / plan.micro_batches
+
+
+def test_the_sync_is_the_measured_tail_per_variable_at_the_hosts_speed_and_only_with_the_finite_check():
+    hw, model = load_hardware("a100-40gb"), load_model("bert-large", BERT)
+    per_variable = ACCUMULATE_SYNC_HOST / VARIABLES_MEASURED * XEON_VM_SPEED
+    amp = _plan(1, "fp16", grad_passes=AMP_PASSES, grad_dtype="fp32")
+    assert accumulation_sync_host(model, hw, amp) == pytest.approx(
+        parameter_tensors(model) * per_variable / hw.device.host_speed, rel=1e-12)
+    # TF32: all_are_finite is tf.constant(True), no finite-check pass, no sync; nor outside the TF1 graph
+    assert accumulation_sync_host(model, hw, _plan(1, "tf32", grad_passes=("global-norm", "clip"))) == 0.0
+    assert accumulation_sync_host(model, hw, replace(amp, optimizer_impl="fused")) == 0.0
+
+
+def test_after_the_sync_the_tail_lasts_the_hosts_issuing_time_when_longer():
+    """BERT-large on an A100 40GB: the global norm, clip and accumulate over 336M fp32 gradients (~6 ms) are shorter
+    than the host's tail (~11 ms at the EPYC 7742's speed), so the tail is the host's and the passes before the
+    sync (casts, unscale, finite check) add to it."""
+    hw, model = load_hardware("a100-40gb"), load_model("bert-large", BERT)
+    amp = _plan(1, "fp16", grad_passes=AMP_PASSES, grad_dtype="fp32")
+    fused = replace(amp, optimizer_impl="fused")  # the same device work, no sync
+    accumulate = _accumulation_s(replace(fused, grad_passes=()))
+    before = _accumulation_s(replace(fused, grad_passes=AMP_PASSES[:3])) - accumulate
+    device_tail = _accumulation_s(fused) - before  # global norm, clip and the accumulate itself
+    host = accumulation_sync_host(model, hw, amp)
+    assert accumulate < device_tail < host
+    assert _accumulation_s(amp) == pytest.approx(before + host, rel=1e-9)
+
+
+def test_without_the_sync_the_accumulation_is_unchanged():
+    tf32 = _plan(1, "tf32", grad_passes=("global-norm", "clip"))
+    assert _accumulation_s(tf32) == _accumulation_s(replace(tf32, optimizer_impl="fused"))
+
+
+def test_the_amp_rows_check_finiteness_and_the_tf32_rows_do_not():
+    """optimization.py @729963dd line 130: all_are_finite is a reduce_all over the gradients with AMP, a constant
+    otherwise, which is what decides whether the accumulation run syncs."""
+    from dlperf.validate import load_dataset
+
+    rows = [r for r in load_dataset() if r.source == "dle-bert-tf1"]
+    assert {r.plan.dtype: "finite-check" in r.plan.grad_passes for r in rows} == {"fp16": True, "tf32": False}

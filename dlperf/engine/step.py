@@ -36,7 +36,7 @@ from dlperf.engine.pipeline import (
 )
 from dlperf.engine.stage import StageCost, stage_cost, stage_memory
 from dlperf.engine.straggler import straggler_factor
-from dlperf.engine.tf1_update import update_step_time
+from dlperf.engine.tf1_update import POST_SYNC_PASSES, accumulation_sync_host, update_step_time
 from dlperf.engine.work import model_cost
 from dlperf.errors import PlanError
 from dlperf.ops.base import numel
@@ -538,7 +538,8 @@ class StepModel:
         expert all-to-all left exposed, the share of micro-batches recomputed, the gradient accumulation."""
         ep_fwd, ep_bwd = _ep_exposed(plan, stage, m)
         share = recompute_share(plan, m)
-        accumulate = _grad_accumulation(self.hw, plan, stage.params, dtype)
+        sync = accumulation_sync_host(self.model, self.hw, plan) * stage.params / self.model.total_params
+        accumulate = _grad_accumulation(self.hw, plan, stage.params, dtype, sync)
         t_fwd, t_bwd, device_fwd, device_bwd = self._straggling(plan, stage).passes(accumulate, (ep_fwd, ep_bwd),
                                                                                      share)
         wait_fwd, wait_bwd = offload.exposed(plan, self.hw, mem.blocks_in_stage(self.model, plan), stage.saved_blocks,
@@ -1309,7 +1310,7 @@ def _grad_dtype(plan: Plan, dtype: str) -> str:
     return plan.grad_dtype or _weight_dtype(dtype)
 
 
-def _grad_accumulation(hw: Hardware, plan: Plan, params: Any, dtype: str) -> Any:
+def _grad_accumulation(hw: Hardware, plan: Plan, params: Any, dtype: str, sync_host: Any = 0.0) -> Any:
     """Seconds per micro-batch of adding its weight gradients to the gradient buffer: read the buffer and the new
     gradient, write the sum. Megatron-LM's --gradient-accumulation-fusion makes the weight-gradient GEMM read and
     write its fp32 main_grad (zeroed at the start of the step) instead of writing a half-precision gradient,
@@ -1318,15 +1319,23 @@ def _grad_accumulation(hw: Hardware, plan: Plan, params: Any, dtype: str) -> Any
     for every micro-batch alike. ZeRO-2/3 keep only a gradient shard, which is what gets added: 1/(dp*cp), since
     context-parallel ranks hold the same weights and shard the states with the data-parallel ones (`memory`).
     The plan's grad_passes (dlperf.engine.grad_passes: a script's unscale, finite check, norm and clip of every
-    micro-batch's gradient) run over the whole local gradient as well."""
+    micro-batch's gradient) run over the whole local gradient as well. `sync_host` is the host's time to issue
+    what follows a mid-run sync (dlperf.engine.tf1_update.accumulation_sync_host): the passes after it and the
+    accumulate then last as long as that, if longer."""
     if mathx.is_zero(params):
         return 0.0
     e = element_bytes(_grad_dtype(plan, dtype))
     shard = plan.data_parallel * plan.cp if plan.zero >= 2 else 1
     bw = hw.device.achieved_memory_bandwidth()
     fsdp = _fsdp_unsharded_grad_bytes(plan, dtype) * params
-    passes = grad_pass_time(plan.grad_passes, params, e, element_bytes(dtype), bw, hw.device.launch_latency)
-    return (3 * e * params / shard + fsdp) / bw + hw.device.launch_latency + passes
+    accumulate = (3 * e * params / shard + fsdp) / bw + hw.device.launch_latency
+    after = tuple(name for name in plan.grad_passes if sync_host and name in POST_SYNC_PASSES)
+    before = tuple(name for name in plan.grad_passes if name not in after)
+    passes = grad_pass_time(before, params, e, element_bytes(dtype), bw, hw.device.launch_latency)
+    if not sync_host:
+        return accumulate + passes
+    tail = accumulate + grad_pass_time(after, params, e, element_bytes(dtype), bw, hw.device.launch_latency)
+    return passes + mathx.maximum(tail, sync_host)
 
 
 def _accumulation_key(plan: Plan) -> tuple:

@@ -34,6 +34,22 @@ ops outside the cluster (3 per variable: the parameter, adam_m, adam_v), and Ten
 value into the variable's existing buffer (tensorflow/core/kernels/assign_op.h @v1.15.2+nv20.06, lines 84-99 and
 132-133): per parameter 3 fp32 copies, each a read and a write, 24 bytes of device traffic per step beyond the
 cluster's own (under AMP the resource variables' assigns are inside the cluster, nothing extra).
+
+ACCUMULATE_SYNC_HOST: with AMP the accumulation runs sync in the middle as well. optimization.py (lines 130 and
+138-143) makes all_are_finite, a reduce_all over every gradient computed on the GPU, the predicate of the tf.cond
+that picks clip_by_global_norm's norm, and a GPU Switch takes its predicate in host memory (NVIDIA/tensorflow
+@91fc0fc3 tensorflow/core/kernels/control_flow_ops.cc:77-82, REGISTER_GPU_SWITCH ... HostMemory("pred")): the
+executor dispatches the global norm, the clip of every gradient and the accumulators' assign cond (lines 145-147)
+only once the whole backward pass has run and the flag has reached the host. From there the micro-batch lasts as
+long as the host takes to issue that tail or the device to run it, whichever is longer (the global-norm and clip
+passes and the accumulate of dlperf.engine.grad_passes and the step's gradient accumulation). Without AMP
+all_are_finite is tf.constant(True), so no sync. benchmarks/tf1_accumulate_sync.py measures the tail on the same
+tiny-tensor build of that optimization.py, as an accumulation run's host time minus that of a run of everything
+that does not wait for all_are_finite: 1,198 Switch, 402 Merge, 401 assign ops and two XLA cluster launches after
+the sync. Its longest measurement (240 runs of each) printed 10.17 ms between the quickest runs (12.88 - 2.71 ms;
+medians 19.39 - 4.59 with the VM loaded, load only adding time), 5.0 us per op, as the update branch's quiet 12.25
+ms for 2,410 ops (5.1 us); shorter ones gave 11.34 and 12.51 ms, so the lowest is used. A lower bound, for the
+reason HOST_PER_VARIABLE is one.
 """
 
 from __future__ import annotations
@@ -53,6 +69,20 @@ HOST_PER_VARIABLE = {     # host seconds per variable at the reference host, ben
     "fp16": 12.25e-3 / VARIABLES_MEASURED * XEON_VM_SPEED,
     "tf32": 11.90e-3 / VARIABLES_MEASURED * XEON_VM_SPEED,
 }
+
+
+ACCUMULATE_SYNC_HOST = 10.17e-3  # s per accumulation run after all_are_finite, 398 variables, Xeon VM (docstring)
+POST_SYNC_PASSES = ("global-norm", "clip")  # dlperf.engine.grad_passes run in that tail (optimization.py:138-147)
+
+
+def accumulation_sync_host(model: Model, hw: Hardware, plan: Plan) -> float:
+    """Host seconds per micro-batch to issue what an AMP accumulation run dispatches after its sync on
+    all_are_finite (ACCUMULATE_SYNC_HOST per variable, at this host's speed): 0 for another optimizer_impl or
+    without the finite check (plan grad_passes), whose flag is then a constant."""
+    if plan.optimizer_impl != "tf1-graph" or "finite-check" not in plan.grad_passes:
+        return 0.0
+    per_variable = ACCUMULATE_SYNC_HOST / VARIABLES_MEASURED * XEON_VM_SPEED
+    return parameter_tensors(model) * per_variable / hw.device.host_speed
 
 
 def _kind(dtype: str) -> str:
