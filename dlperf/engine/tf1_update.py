@@ -45,7 +45,7 @@ long as the host takes to issue that tail or the device to run it, whichever is 
 passes and the accumulate of dlperf.engine.grad_passes and the step's gradient accumulation). Without AMP
 all_are_finite is tf.constant(True), so no sync. benchmarks/tf1_accumulate_sync.py measures the tail on the same
 tiny-tensor build of that optimization.py, as an accumulation run's host time minus that of a run of everything
-that does not wait for all_are_finite: 1,198 Switch, 402 Merge, 401 assign ops and two XLA cluster launches after
+that does not wait for all_are_finite: 1,198 Switch, 402 Merge, 401 assign ops and the XLA clusters' launches after
 the sync. Its longest measurement (240 runs of each) printed 10.17 ms between the quickest runs (12.88 - 2.71 ms;
 medians 19.39 - 4.59 with the VM loaded, load only adding time), 5.0 us per op, as the update branch's quiet 12.25
 ms for 2,410 ops (5.1 us); shorter ones gave 11.34 and 12.51 ms, so the lowest is used. A lower bound, for the
