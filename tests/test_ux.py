@@ -174,7 +174,8 @@ def test_explain_of_a_plan_that_does_not_fit_warns_too(run):
 def test_search_with_nothing_that_fits_says_the_smallest_memory_and_exits_1(run):
     code, out, err = run("search", "gpt3-175b", "dgx-a100", "--gpus", "8", "--global-batch", "8")
     assert code == 1 and out == ""
-    assert re.fullmatch(r"warning: no plan fits: [\d,]+ plans considered; the smallest needs [\d.]+ GiB per device "
+    assert re.fullmatch(r"warning: no plan fits: [\d,]+ plans considered \([\d,]+ equivalent ones folded\); the "
+                        r"smallest needs [\d.]+ GiB per device "
                         r"\(dp=1 tp=8 pp=1 micro-batch 1 zero 0 recompute full\), the limit is 80 GiB\n", err), err
 
 
