@@ -75,9 +75,11 @@ DATA_BACKENDS = ("synthetic", "cpu")
 # How the optimizer step runs (dlperf.engine.optimizer_loop): "fused", one pass over all parameters (apex and
 # Megatron fused optimizers, PyTorch >= 2.0's foreach/fused defaults on GPU); "per-tensor", PyTorch < 2.0's
 # torch.optim for-loop: a few small kernels per parameter tensor, and zero_grad zeroes each gradient;
-# "deepspeed-fp16", DeepSpeed's FP16_Optimizer around a fused update (per-tensor overflow checks with a host sync
-# each, flat fp32 gradient passes, fp16 weight refresh: dlperf.engine.deepspeed).
-OPTIMIZER_IMPLS = ("fused", "per-tensor", "tf1-graph", "deepspeed-fp16")  # tf1-graph: dlperf.engine.tf1_update
+# "deepspeed-fp16" and "megatron-fp16-2020", DeepSpeed's and Megatron-LM's 2019-2020 FP16_Optimizer around a fused
+# update (per-tensor overflow checks with a host sync each, gradient copies, fp16 weight refresh:
+# dlperf.engine.fp16_wrappers).
+FP16_WRAPPERS = ("deepspeed-fp16", "megatron-fp16-2020")
+OPTIMIZER_IMPLS = ("fused", "per-tensor", "tf1-graph", *FP16_WRAPPERS)  # tf1-graph: dlperf.engine.tf1_update
 # The cuDNN library Transformer Engine's fused attention runs (plan `cudnn`, e.g. "9.13.1"): a hardware file may
 # measure its fused-attention curve per cuDNN version (`efficiency.attention_fa3.by_cudnn`), and a plan that names
 # its version is priced at the newest one measured at or below it (dlperf.spec.hardware.Device.for_cudnn). None:
@@ -258,12 +260,12 @@ def _check_impls(plan: Plan) -> None:
     """Which implementation runs the optimizer step, ZeRO stage 3 and the data-parallel allreduce: each is priced
     for the plans its code runs."""
     _choice("optimizer_impl", plan.optimizer_impl, OPTIMIZER_IMPLS)
-    if plan.optimizer_impl in ("per-tensor", "tf1-graph", "deepspeed-fp16") and plan.zero:
+    if plan.optimizer_impl in ("per-tensor", "tf1-graph", *FP16_WRAPPERS) and plan.zero:
         # ZeRO updates flat shards of the parameters, not the model's tensors one by one
         raise PlanError(f"optimizer_impl {plan.optimizer_impl} updates whole parameter tensors one by one; ZeRO "
                         "updates flat shards", expected="zero: 0", found=plan.zero)
-    if plan.optimizer_impl == "deepspeed-fp16" and plan.dtype != "fp16":
-        raise PlanError("optimizer_impl deepspeed-fp16 is DeepSpeed's fp16 optimizer wrapper", expected="dtype: fp16",
+    if plan.optimizer_impl in FP16_WRAPPERS and plan.dtype != "fp16":
+        raise PlanError(f"optimizer_impl {plan.optimizer_impl} is an fp16 optimizer wrapper", expected="dtype: fp16",
                         found=plan.dtype)
     _choice("zero_impl", plan.zero_impl, ZERO_IMPLS)
     if plan.zero_impl == "megatron" and plan.zero != 1:

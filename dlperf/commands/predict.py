@@ -128,8 +128,10 @@ def plan_options(fn: Callable) -> Callable:
                           "host; after AMP's GradScaler sync the step waits for the host, dlperf.engine."
                           "optimizer_loop), tf1-graph (a TensorFlow 1 graph-mode update branch per variable; "
                           "after Horovod's allreduce the step waits for the host, dlperf.engine.tf1_update) or "
-                          "deepspeed-fp16 (DeepSpeed's FP16_Optimizer: a host-synced overflow check per gradient "
-                          "tensor, flat fp32 gradient passes, fp16 weight refresh; dlperf.engine.deepspeed)."),
+                          "deepspeed-fp16 / megatron-fp16-2020 (DeepSpeed's and Megatron-LM 2019-2020's "
+                          "FP16_Optimizer: a host-synced overflow check per gradient tensor, gradient copies, fp16 "
+                          "weight refresh; "
+                          "dlperf.engine.fp16_wrappers)."),
         click.option("--data-backend", type=click.Choice(["synthetic", "cpu"]), default="synthetic", show_default=True,
                      help="Where samples come from: synthetic (on the device, no cap) or cpu (a DataLoader of "
                           "--loader-workers processes per training process running --input-ops; caps the step "

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from dlperf import mathx
 from dlperf.comm import ep_kernels
-from dlperf.engine import deepspeed, horovod, offload, post_backward, zero_impl
+from dlperf.engine import fp16_wrappers, horovod, offload, post_backward, zero_impl
 from dlperf.engine import memory as mem
 from dlperf.engine.context import DISPATCHER_SMS, Parallel
 from dlperf.engine.cuda_graphs import Graphs
@@ -429,7 +429,7 @@ class StepModel:
                                           self._fp8_cast_bytes(params, plan, dtype),
                                           (loop_launches(self.model, plan), dtype))
         optimizer = update_step_time(self.model, self.hw, plan, dtype, params, optimizer) \
-            + deepspeed.fp16_optimizer_time(self.model, self.hw, plan, params)
+            + fp16_wrappers.fp16_optimizer_time(self.model, self.hw, plan, params)
         metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
@@ -492,7 +492,7 @@ class StepModel:
                                           self._fp8_cast_bytes(heaviest.params, plan, dtype),
                                           (loop_launches(self.model, plan), dtype))
         optimizer = update_step_time(self.model, self.hw, plan, dtype, heaviest.params, optimizer) \
-            + deepspeed.fp16_optimizer_time(self.model, self.hw, plan, heaviest.params)
+            + fp16_wrappers.fp16_optimizer_time(self.model, self.hw, plan, heaviest.params)
         metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)

@@ -1,6 +1,7 @@
-"""DeepSpeed's engine without ZeRO as Megatron-DeepSpeed runs fp16: the gradient all-reduce after the backward pass
-with its copies (dp_impl "post-backward", dlperf.engine.post_backward) and FP16_Optimizer's passes around the fused
-update (optimizer_impl "deepspeed-fp16", dlperf.engine.deepspeed)."""
+"""Stacks that all-reduce and update in their own way: the gradient all-reduce after the backward pass with its
+copies (dp_impl "post-backward", dlperf.engine.post_backward: DeepSpeed's engine without ZeRO, Megatron-LM's local
+DDP of 2019-2021) and the fp16 optimizer wrappers around the fused update (optimizer_impl "deepspeed-fp16",
+"megatron-fp16-2020": dlperf.engine.fp16_wrappers)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import functools
 
 import pytest
 
-from dlperf.engine import deepspeed, post_backward
+from dlperf.engine import fp16_wrappers, post_backward
 from dlperf.engine.optimizer_loop import OPTIMIZER_OP_HOST, parameter_tensors
 from dlperf.engine.step import StepModel
 from dlperf.errors import PlanError
@@ -56,7 +57,7 @@ def test_fp16_optimizer_adds_its_counted_passes_to_the_update():
     check = 10 * params / bw + tensors * 3 * (op + lat)
     passes = max(32 * params / bw + (2 * tensors + 3) * lat, 2 * tensors * op)
     assert wrapped - fused == pytest.approx(check + passes, rel=1e-9)
-    assert deepspeed.fp16_optimizer_time(_gpt(), hw, _plan(), params) == 0.0  # fused: nothing added
+    assert fp16_wrappers.fp16_optimizer_time(_gpt(), hw, _plan(), params) == 0.0  # fused: nothing added
 
 
 @pytest.mark.parametrize("faster", ["memory_bandwidth", "host"])
@@ -78,6 +79,7 @@ def test_a_faster_device_or_host_never_slows_the_deepspeed_step(tmp_path, faster
     ({"dp_impl": "post-backward", "compression": "fp16"}, "uncompressed"),
     ({"optimizer_impl": "deepspeed-fp16", "dtype": "bf16"}, "dtype: fp16"),
     ({"optimizer_impl": "deepspeed-fp16", "zero": 1}, "flat shards"),
+    ({"optimizer_impl": "megatron-fp16-2020", "dtype": "bf16"}, "dtype: fp16"),
 ])
 def test_a_deepspeed_knob_outside_its_code_path_is_a_one_line_plan_error(changes: dict, match: str):
     with pytest.raises(PlanError, match=match) as info:
@@ -110,3 +112,21 @@ def test_the_2020_2021_megatron_rows_all_reduce_after_the_backward_pass():
                                                        "narayanan2021-table2")]
     assert len(rows) == 44
     assert all(r.plan.dp_impl == ("nccl" if r.plan.zero else "post-backward") for r in rows)
+    # @5281919's megatron/fp16 FP16_Optimizer; the 2021 rows run the fused Float16Optimizer (no per-tensor waits)
+    assert all(r.plan.optimizer_impl == ("megatron-fp16-2020" if r.source == "megatron2020-tables" else "fused")
+               for r in rows)
+
+
+def test_megatron_2020_fp16_optimizer_waits_twice_per_tensor():
+    """Megatron-LM @5281919: per gradient tensor the overflow check (.float, .sum, float) and the clip's norm
+    (.norm, .item) end in host waits (14 bytes per parameter); the copy to the fp32 masters, the unscale and the
+    refresh of the fp16 weights move 20 bytes per parameter, one copy_ per tensor and two multi-tensor kernels."""
+    hw = load_hardware("a100-800g")
+    fused = _breakdown(_plan())["optimizer"]
+    wrapped = _breakdown(_plan(optimizer_impl="megatron-fp16-2020"))["optimizer"]
+    params, tensors = _gpt().total_params, parameter_tensors(_gpt())
+    bw, lat = hw.device.achieved_memory_bandwidth(), hw.device.launch_latency
+    op = (OPTIMIZER_OP_HOST + LAUNCH_CALL) / hw.device.host_speed
+    waited = 14 * params / bw + tensors * 5 * (op + lat)
+    passes = max(20 * params / bw + (tensors + 2) * lat, tensors * op)
+    assert wrapped - fused == pytest.approx(waited + passes, rel=1e-9)
