@@ -264,7 +264,7 @@ def _check_impls(plan: Plan) -> None:
         # ZeRO updates flat shards of the parameters, not the model's tensors one by one
         raise PlanError(f"optimizer_impl {plan.optimizer_impl} updates whole parameter tensors one by one; ZeRO "
                         "updates flat shards", expected="zero: 0", found=plan.zero)
-    if plan.optimizer_impl in FP16_WRAPPERS and plan.dtype != "fp16":
+    if plan.optimizer_impl in FP16_WRAPPERS and plan.dtype not in (None, "fp16"):  # None: the model's (StepModel)
         raise PlanError(f"optimizer_impl {plan.optimizer_impl} is an fp16 optimizer wrapper", expected="dtype: fp16",
                         found=plan.dtype)
     _choice("zero_impl", plan.zero_impl, ZERO_IMPLS)

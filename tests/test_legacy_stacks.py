@@ -130,3 +130,10 @@ def test_megatron_2020_fp16_optimizer_waits_twice_per_tensor():
     waited = 14 * params / bw + tensors * 5 * (op + lat)
     passes = max(20 * params / bw + (tensors + 2) * lat, tensors * op)
     assert wrapped - fused == pytest.approx(waited + passes, rel=1e-9)
+
+
+def test_an_fp16_wrapper_on_a_bf16_model_is_refused_in_one_line(run):
+    """Without --dtype the model's own dtype decides: Llama 3 trains in bf16, which no fp16 wrapper runs."""
+    code, out, err = run("predict", "llama3-8b", "dgx-h100", "--gpus", "8", "--optimizer-impl", "megatron-fp16-2020")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "fp16 optimizer wrapper" in err and "found 'bf16'" in err

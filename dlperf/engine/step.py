@@ -42,7 +42,7 @@ from dlperf.errors import PlanError
 from dlperf.ops.base import numel
 from dlperf.ops.fp8 import fp8_layers, is_recipe, param_gather_bytes, weight_cast_bytes
 from dlperf.ops.recompute import ActivationPolicy, norm_consumers, rerun_kernels, reruns
-from dlperf.plan import PER_BLOCK_ZERO_IMPLS, Plan, cudnn_version, dualpipe_micro_batches_ok, validate
+from dlperf.plan import FP16_WRAPPERS, PER_BLOCK_ZERO_IMPLS, Plan, cudnn_version, dualpipe_micro_batches_ok, validate
 from dlperf.spec.hardware import DEFAULT_CHANNELS, Hardware
 from dlperf.spec.model import Model, out_shape
 
@@ -391,10 +391,13 @@ class StepModel:
 
     def _dtype(self, plan: Plan) -> str:
         """The dtype the plan computes in (its own, else the model's), refusing FP8 parameter gathers outside an
-        FP8 or FP4 recipe."""
+        FP8 or FP4 recipe and an fp16 optimizer wrapper outside fp16 training."""
         dtype = plan.dtype or self.model.dtype
         if plan.fp8_param_gather and not is_recipe(dtype):
             raise PlanError("--fp8-param-gather needs FP8 or FP4 training (--dtype fp8, mxfp8 or nvfp4)", found=dtype)
+        if plan.optimizer_impl in FP16_WRAPPERS and dtype != "fp16":
+            raise PlanError(f"optimizer_impl {plan.optimizer_impl} is an fp16 optimizer wrapper",
+                            expected="dtype fp16", found=dtype)
         return dtype
 
     def _memory(self, plan: Plan, m: Any, v: Any) -> dict[str, Any]:
