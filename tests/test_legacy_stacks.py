@@ -45,18 +45,32 @@ def test_the_engines_allreduce_is_all_exposed_and_pays_its_three_copy_passes():
     assert engine > _breakdown(_plan())["comm/dp_allreduce"]  # the default nccl plan overlaps it at pp 1
 
 
-def test_fp16_optimizer_adds_its_counted_passes_to_the_update():
-    """32 bytes per parameter of flat-gradient passes and fp16 refresh, 10 of overflow check, and per tensor three
-    host operators and three device steps waited on, then two operators (cast, copy back)."""
+# (optimizer_impl, bytes per parameter before the host waits, operators per tensor that wait, bytes after,
+# operators per tensor after, group-wide kernels after)
+WRAPPED = [
+    # DeepSpeed @38327e07: the check (.float, .sum, float: 10 B) waits; cast, cat, norm, unscale and fp16 refresh
+    # (32 B) follow, a cast and a copy_ per tensor, the cat, norm and unscale over the flat gradient
+    ("deepspeed-fp16", 10, 3, 32, 2, 3),
+    # Megatron-LM @5281919: the check and the clip's norm (.norm, .item) wait (14 B); the copy to the fp32 masters,
+    # the unscale and the refresh (20 B) follow, one copy_ per tensor and two multi-tensor kernels
+    ("megatron-fp16-2020", 14, 5, 20, 1, 2),
+]
+
+
+@pytest.mark.parametrize(("impl", "waited_bytes", "waited_ops", "after_bytes", "tensor_ops", "group_ops"), WRAPPED)
+def test_an_fp16_wrapper_adds_its_counted_passes_to_the_update(impl: str, waited_bytes: int, waited_ops: int,
+                                                                after_bytes: int, tensor_ops: int, group_ops: int):
+    """Per gradient tensor the operators the host waits on, each with its launch, then the rest: the longer of
+    the device's traffic and launches and the host's issuing of the per-tensor operators."""
     hw = load_hardware("a100-800g")
     fused = _breakdown(_plan())["optimizer"]
-    wrapped = _breakdown(_plan(optimizer_impl="deepspeed-fp16"))["optimizer"]
+    wrapped = _breakdown(_plan(optimizer_impl=impl))["optimizer"]
     params, tensors = _gpt().total_params, parameter_tensors(_gpt())
     bw, lat = hw.device.achieved_memory_bandwidth(), hw.device.launch_latency
     op = (OPTIMIZER_OP_HOST + LAUNCH_CALL) / hw.device.host_speed
-    check = 10 * params / bw + tensors * 3 * (op + lat)
-    passes = max(32 * params / bw + (2 * tensors + 3) * lat, 2 * tensors * op)
-    assert wrapped - fused == pytest.approx(check + passes, rel=1e-9)
+    waited = waited_bytes * params / bw + tensors * waited_ops * (op + lat)
+    passes = max(after_bytes * params / bw + (tensor_ops * tensors + group_ops) * lat, tensor_ops * tensors * op)
+    assert wrapped - fused == pytest.approx(waited + passes, rel=1e-9)
     assert fp16_wrappers.fp16_optimizer_time(_gpt(), hw, _plan(), params) == 0.0  # fused: nothing added
 
 
@@ -115,21 +129,6 @@ def test_the_2020_2021_megatron_rows_all_reduce_after_the_backward_pass():
     # @5281919's megatron/fp16 FP16_Optimizer; the 2021 rows run the fused Float16Optimizer (no per-tensor waits)
     assert all(r.plan.optimizer_impl == ("megatron-fp16-2020" if r.source == "megatron2020-tables" else "fused")
                for r in rows)
-
-
-def test_megatron_2020_fp16_optimizer_waits_twice_per_tensor():
-    """Megatron-LM @5281919: per gradient tensor the overflow check (.float, .sum, float) and the clip's norm
-    (.norm, .item) end in host waits (14 bytes per parameter); the copy to the fp32 masters, the unscale and the
-    refresh of the fp16 weights move 20 bytes per parameter, one copy_ per tensor and two multi-tensor kernels."""
-    hw = load_hardware("a100-800g")
-    fused = _breakdown(_plan())["optimizer"]
-    wrapped = _breakdown(_plan(optimizer_impl="megatron-fp16-2020"))["optimizer"]
-    params, tensors = _gpt().total_params, parameter_tensors(_gpt())
-    bw, lat = hw.device.achieved_memory_bandwidth(), hw.device.launch_latency
-    op = (OPTIMIZER_OP_HOST + LAUNCH_CALL) / hw.device.host_speed
-    waited = 14 * params / bw + tensors * 5 * (op + lat)
-    passes = max(20 * params / bw + (tensors + 2) * lat, tensors * op)
-    assert wrapped - fused == pytest.approx(waited + passes, rel=1e-9)
 
 
 def test_an_fp16_wrapper_on_a_bf16_model_is_refused_in_one_line(run):
