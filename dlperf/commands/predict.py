@@ -63,8 +63,8 @@ def plan_options(fn: Callable) -> Callable:
                           "megatron is Megatron-Core's distributed optimizer (its parameter gather hidden behind "
                           "the next forward when the gradient reduction overlaps: by default only at pp 1)."),
         click.option("--dp-impl", type=click.Choice(list(DP_IMPLS)), default="nccl", show_default=True,
-                     help="Who runs the data-parallel gradient allreduce: the framework calling NCCL (DDP, "
-                          "Megatron-LM), Horovod v0.18-v0.20's background thread (5 ms negotiation cycle, 64 MiB "
+                     help="Who runs the data-parallel gradient allreduce: the framework calling NCCL in buckets (DDP, "
+                          "Megatron-Core), Horovod v0.18-v0.20's background thread (5 ms negotiation cycle, 64 MiB "
                           "fusion buffers, TensorFlow-side casts and averaging; dlperf.engine.horovod) or "
                           "post-backward (the gradients flattened, all-reduced and copied back after the backward "
                           "pass, never overlapped: DeepSpeed's engine without ZeRO, Megatron-LM's local DDP of "
