@@ -1332,13 +1332,15 @@ def _grad_accumulation(hw: Hardware, plan: Plan, params: Any, dtype: str, sync_h
     bw = hw.device.achieved_memory_bandwidth()
     fsdp = _fsdp_unsharded_grad_bytes(plan, dtype) * params
     accumulate = (3 * e * params / shard + fsdp) / bw + hw.device.launch_latency
-    after = tuple(name for name in plan.grad_passes if sync_host and name in POST_SYNC_PASSES)
-    before = tuple(name for name in plan.grad_passes if name not in after)
-    passes = grad_pass_time(before, params, e, element_bytes(dtype), bw, hw.device.launch_latency)
-    if not sync_host:
-        return accumulate + passes
-    tail = accumulate + grad_pass_time(after, params, e, element_bytes(dtype), bw, hw.device.launch_latency)
-    return passes + mathx.maximum(tail, sync_host)
+
+    def passes(names: tuple[str, ...]) -> Any:
+        return grad_pass_time(names, params, e, element_bytes(dtype), bw, hw.device.launch_latency)
+
+    if mathx.is_zero(sync_host):
+        return accumulate + passes(plan.grad_passes)
+    after = tuple(name for name in plan.grad_passes if name in POST_SYNC_PASSES)
+    before = tuple(name for name in plan.grad_passes if name not in POST_SYNC_PASSES)
+    return passes(before) + mathx.maximum(accumulate + passes(after), sync_host)
 
 
 def _accumulation_key(plan: Plan) -> tuple:
