@@ -428,11 +428,7 @@ class StepModel:
         # (per model chunk with interleaving), at that stage's own pace; the slowest stage sets the steady state.
         bubble = (sum(passes[id(s)].fwd + passes[id(s)].bwd for s in stages) - (t.fwd + t.bwd)) / v
         dp_total, dp_exposed = self._dp_over_stages(plan, stages, slow, dtype, m)
-        optimizer = _optimizer_time_split(self.hw, plan, params, max(stages, key=lambda s: s.params).expert_params,
-                                          self._fp8_cast_bytes(params, plan, dtype),
-                                          (loop_launches(self.model, plan), dtype))
-        optimizer = update_step_time(self.model, self.hw, plan, dtype, params, optimizer) \
-            + fp16_wrappers.fp16_optimizer_time(self.model, self.hw, plan, params)
+        optimizer = self._update_time(plan, plan, dtype, params, max(stages, key=lambda s: s.params).expert_params)
         metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
@@ -491,11 +487,7 @@ class StepModel:
         (fwd_p, bwd_p, dev_fwd_p, dev_bwd_p), (fwd_a, bwd_a, dev_fwd_a, dev_bwd_a) = c.paired, c.alone
         dp_total, dp_exposed = self._dp_over_stages(twin, own, own[rank], dtype, m / 2, _twin_starts(plan))
         heaviest = max(devices, key=lambda d: d.params)
-        optimizer = _optimizer_time_split(self.hw, twin, heaviest.params, heaviest.expert_params,
-                                          self._fp8_cast_bytes(heaviest.params, plan, dtype),
-                                          (loop_launches(self.model, plan), dtype))
-        optimizer = update_step_time(self.model, self.hw, plan, dtype, heaviest.params, optimizer) \
-            + fp16_wrappers.fp16_optimizer_time(self.model, self.hw, plan, heaviest.params)
+        optimizer = self._update_time(plan, twin, dtype, heaviest.params, heaviest.expert_params)
         metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
         step, staleness = _consistency(plan, compute, dp_total, dp_exposed)
@@ -528,6 +520,16 @@ class StepModel:
         if key not in self._twins:
             self._twins[key] = ([stages[r] + stages[pp - 1 - r] for r in range(pp // 2)], stages)
         return self._twins[key][0]
+
+    def _update_time(self, plan: Plan, group: Plan, dtype: str, params: Any, expert_params: Any) -> Any:
+        """The optimizer step over the fullest device's `params` (`expert_params` of them experts'), its states
+        sharded over `group`'s replicas (the plan's, or DualPipe's doubled group): the update and, under an FP8
+        recipe, the weights' FP8 casts, then what the plan's stack runs around it (TF1's update branch, an fp16
+        optimizer wrapper)."""
+        update = _optimizer_time_split(self.hw, group, params, expert_params, self._fp8_cast_bytes(params, plan, dtype),
+                                       (loop_launches(self.model, plan), dtype))
+        return update_step_time(self.model, self.hw, plan, dtype, params, update) \
+            + fp16_wrappers.fp16_optimizer_time(self.model, self.hw, plan, params)
 
     def _fp8_cast_bytes(self, params: Any, plan: Plan, dtype: str) -> Any:
         """Bytes the per-step cast of `params` weights to their FP8 copies moves (0 outside an FP8 recipe): the
