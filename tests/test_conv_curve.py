@@ -16,7 +16,7 @@ from dlperf.errors import SpecError
 from dlperf.ops import OPS
 from dlperf.ops.base import Layer
 from dlperf.plan import Plan
-from dlperf.spec.hardware import hardware_from_dict, load_hardware
+from dlperf.spec.hardware import CONV_OVER_GEMM, CONV_STARTUP, hardware_from_dict, load_hardware
 from dlperf.spec.model import load_model
 from dlperf.spec.yamlio import load_yaml_file
 
@@ -106,3 +106,57 @@ def test_curve_option_bad_input_is_one_clear_error(cls: str, key: str, value: ob
     with pytest.raises(SpecError) as info:
         hardware_from_dict(data, "bad.yaml")
     assert expected in str(info.value) and key in str(info.value)
+
+
+# ------------------------------------------------------------- convolutions on matrix units without a measured curve
+def test_conv_over_gemm_is_v100s_measured_ratio() -> None:
+    """CONV_OVER_GEMM is dgx1-v100's DeepBench convolution asymptote over its GEMM asymptote, the one tensor-core
+    device that measures both (spec/hardware.py)."""
+    v100 = load_hardware("dgx1-v100").device
+    assert pytest.approx(v100.eff("conv", "fp16").peak / v100.eff("matmul", "fp16").peak) == CONV_OVER_GEMM
+    assert pytest.approx(v100.eff("conv", "fp16").startup) == CONV_STARTUP
+
+
+@pytest.mark.parametrize("name", ["dgx-a100", "a100-40gb", "dgx-h100", "dgx-b200", "mi300x"])
+@pytest.mark.parametrize("dtype", ["tf32", "fp16", "bf16"])
+def test_matrix_unit_conv_without_a_curve_runs_at_the_gemm_curve_times_the_ratio(name: str, dtype: str) -> None:
+    device = load_hardware(name).device
+    assert "conv" not in device.efficiency  # the files measure none: the derived curve applies
+    conv, gemm = device.eff("conv", dtype), device.eff("matmul", dtype)
+    assert conv.peak == pytest.approx(gemm.peak * CONV_OVER_GEMM)
+    assert conv.startup == CONV_STARTUP and conv.tile is None and not conv.algorithm_choice
+    assert "CONV_OVER_GEMM" in conv.source
+
+
+def test_cuda_core_convs_and_measured_curves_are_unchanged() -> None:
+    a100, v100, p40 = (load_hardware(n).device for n in ("dgx-a100", "dgx1-v100", "p40-pcie"))
+    assert a100.eff("conv", "fp32") is a100.eff("matmul", "fp32")  # CUDA cores: NeuSight's fp32 GEMM curve
+    assert v100.eff("conv", "fp16") is v100.efficiency["conv"]
+    assert v100.eff("conv", "fp32") is v100.eff("matmul", "fp32")
+    assert p40.eff("conv", "fp32") is p40.efficiency["conv"]
+    p100 = load_hardware("p100-roce").device  # packed fp16 on CUDA cores (2x fp32): no matrix units
+    assert p100.eff("conv", "fp16") == p100.eff("matmul", "fp16")
+
+
+def test_a100_conv_is_never_faster_than_on_the_gemm_curve() -> None:
+    """On A100 a 1x1 convolution (priced direct, on the conv curve) slows down against the GEMM curve; a 3x3 one
+    that `auto` prices as im2col (a GEMM on the matmul curve, as on V100) is unchanged, never faster."""
+    hw = load_hardware("dgx-a100")
+    gemm_only = dataclasses.replace(hw, device=dataclasses.replace(
+        hw.device, efficiency={**hw.device.efficiency, "conv": hw.device.eff("matmul", "fp16")}))
+    times = {}
+    for layer in (_conv(1024, 14, 256, 1), _conv(256, 14, 256, 3)):  # both compute-bound at batch 256
+        times[layer.in_shape] = [sum(kernel_times(conv_choice(Use(layer, 1, False), 256, 2, h, "fp16", 1)[0],
+                                                  h.device, "fp16")) for h in (hw, gemm_only)]
+    (one_slow, one_fast), (three_slow, three_fast) = times.values()
+    assert one_slow > one_fast and three_slow >= three_fast
+
+
+def test_resnet50_one_a100_amp_slows_to_the_carried_over_conv_rate() -> None:
+    """The step the DeepLearningExamples AMP row prices (ResNet-50, batch 256, fp16) with and without the ratio."""
+    model, hw = load_model("resnet50"), load_hardware("dgx-a100")
+    gemm_only = dataclasses.replace(hw, device=dataclasses.replace(
+        hw.device, efficiency={**hw.device.efficiency, "conv": hw.device.eff("matmul", "fp16")}))
+    plan = Plan(global_batch=256, dtype="fp16")
+    carried, gemm = (StepModel(model, h).predict(plan).step_time_s for h in (hw, gemm_only))
+    assert 1.05 < carried / gemm < 1.5

@@ -75,6 +75,8 @@ _BORROWED = {"matmul": "the 16-bit curve's", "matmul/fp8": "the per-tensor FP8 c
 def _borrowed(device, cls: str, dtype: str | None) -> str:  # noqa: ANN001 - Device, imported lazily
     """', ... none measured' when the class has no measured curve of its own for this dtype, else ''."""
     key = device.curve_key(cls, dtype)
+    if cls == "conv" and not key.startswith("conv") and device.eff(cls, dtype) is not device.eff(key):
+        return ", the GEMM curve's x V100's cuDNN-over-GEMM ratio: none measured"
     if key not in device.efficiency:
         return ", dlperf's default: none measured"
     own = (cls, f"{cls}/{dtype}") if cls != "matmul" or dtype in ("bf16", "fp16") else (f"{cls}/{dtype}",)
@@ -96,6 +98,8 @@ def _efficiency_rows(device) -> list[dict[str, str]]:  # noqa: ANN001 - Device, 
                 f"({eff.peak:.3f} of peak{_borrowed(device, cls, dtype)}){head}")
 
     rows = [{"item": f"GEMM rate {dt}", "value": rate("matmul", dt)} for dt in device.peak_flops]
+    conv_dtype = next((dt for dt in ("fp16", "bf16", "fp32") if dt in device.peak_flops), "fp32")
+    rows.append({"item": f"convolution rate {conv_dtype}", "value": rate("conv", conv_dtype)})
     if "bf16" in device.peak_flops:
         rows += [{"item": "fused attention bf16 (cuDNN / FA3 class)", "value": rate("attention_fa3", "bf16")},
                  {"item": "FlashAttention-2 bf16", "value": rate("attention", "bf16")}]

@@ -82,7 +82,24 @@ KERNEL_CLASSES = ("matmul", "conv", "attention", "attention_fa3", "memory", "tra
 #   "Dissecting the NVIDIA Volta/Ampere GPU architecture via microbenchmarking").
 # - launch 5 us: CUDA kernel launch overhead is ~3-7 us (same microbenchmark papers).
 # A convolution without its own curve uses the device's matmul curve: cuDNN's default algorithms are implicit
-# GEMMs (Chetlur et al. 2014, "cuDNN", section 3), so the GEMM efficiency is the best sourced stand-in.
+# GEMMs (Chetlur et al. 2014, "cuDNN", section 3), so the GEMM efficiency is the best sourced stand-in -- on
+# tensor cores, scaled down by CONV_OVER_GEMM. cuDNN's convolutions do not reach cuBLAS's GEMM rate on the same
+# units, and the one tensor-core device whose file measures both, V100 (dgx1-v100.yaml: DeepBench's FP16 ResNet
+# and Vision convolutions, r_inf 0.409 of peak with an 8 us startup, against its GEMMs' 0.880), gives the ratio:
+# a tensor-core convolution on a device that measures none runs on the device's GEMM curve at 0.465 of its
+# asymptote, with V100's convolution startup and no tile quantization (the measured convolution curves are
+# per-FLOP Hockney fits). A carry-over, not a measurement: it holds best from V100 to A100, which keep about the
+# same DRAM bytes per tensor FLOP (900 GB/s per 125 TFLOP/s, 2,039 per 312), and extrapolates to Hopper and later
+# (3.35 TB/s per 989); a file's own `conv` curve (dlperf calibrate writes one) replaces it. CUDA-core
+# convolutions (fp32, and fp16 on parts without matrix units) keep the GEMM curve, as P40's measured FP32 curve
+# (0.678 of peak, p40-pcie.yaml) stays near a GEMM's. tests/test_hardware_conv.py checks the ratio against
+# dgx1-v100.yaml.
+CONV_OVER_GEMM = 0.409 / 0.880
+CONV_STARTUP = 8e-6
+CONV_MATRIX_DTYPES = ("tf32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4")
+# Matrix units (tensor cores, matrix cores) multiply a part's 16-bit peak over its fp32 one (V100 8x, A100 16x,
+# MI300X 8x); packed fp16 on CUDA cores only doubles it (P100 2x).
+MATRIX_UNIT_SPEEDUP = 4
 DEFAULT_EFFICIENCY = {
     "matmul": (0.87, 0.0, 11e-6),
     "memory": (0.90, 0.0, 2.3e-6),
@@ -244,6 +261,7 @@ class Device:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype_curves", frozenset(k for k in self.efficiency if "/" in k))
+        object.__setattr__(self, "_derived_conv", {})
 
     def for_cudnn(self, version: str | None) -> Device:
         """This device with its fused-attention curve (attention_fa3) measured at the cuDNN `version` a plan runs
@@ -289,9 +307,29 @@ class Device:
         may have its own curve (`efficiency.matmul.dtypes.fp32`), else the class's curve stands in."""
         key = self.curve_key(kernel_class, dtype)
         if key in self.efficiency:
-            return self.efficiency[key]
-        peak, half, startup = DEFAULT_EFFICIENCY[key]
-        return Efficiency(peak, half, "dlperf default", startup)
+            curve = self.efficiency[key]
+        else:
+            peak, half, startup = DEFAULT_EFFICIENCY[key]
+            curve = Efficiency(peak, half, "dlperf default", startup)
+        if kernel_class == "conv" and not key.startswith("conv") and self._matrix_conv(dtype):
+            return self._conv_from_gemm(key, curve)
+        return curve
+
+    def _matrix_conv(self, dtype: str | None) -> bool:
+        """Whether a convolution in `dtype` runs on matrix units (CONV_OVER_GEMM applies)."""
+        sixteen = max(self.peak_flops.get("fp16", 0.0), self.peak_flops.get("bf16", 0.0))
+        return dtype in CONV_MATRIX_DTYPES and sixteen >= MATRIX_UNIT_SPEEDUP * self.peak_flops["fp32"]
+
+    def _conv_from_gemm(self, key: str, gemm: Efficiency) -> Efficiency:
+        """A tensor-core convolution's curve where the file measures none: the GEMM curve `key` at CONV_OVER_GEMM
+        of its asymptote, V100's convolution startup, no tiles (memoised per curve: the engine asks per kernel)."""
+        derived = self._derived_conv  # type: ignore[attr-defined]
+        if key not in derived:
+            derived[key] = Efficiency(
+                gemm.peak * CONV_OVER_GEMM, 0.0,
+                f"no convolution measured: the {key} curve ({gemm.peak:.3f}) x {CONV_OVER_GEMM:.3f}, cuDNN's "
+                "convolution over GEMM rate on V100 (DeepBench; spec/hardware.py CONV_OVER_GEMM)", CONV_STARTUP)
+        return derived[key]
 
     def curve_key(self, kernel_class: str, dtype: str | None = None) -> str:
         """Which curve `eff` prices the class at: a key of `efficiency` ("matmul", "matmul/fp8", ...), or, where
