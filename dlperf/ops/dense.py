@@ -481,6 +481,17 @@ def _whole(value: Any) -> bool:
 # "FlashAttention-2 is around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and around 2x faster
 # in the backward pass" (Dao 2023, arXiv:2307.08691, section 4.1). (forward, backward) time of the Triton kernel
 # over the FlashAttention-2 curve's: the midpoint 1.4, and 2.
+# Carried over to H100, where no published figure times a Triton FlashAttention: FlashAttention-2's H100 figure
+# (assets/flash2_h100_fwd_bwd_benchmark.png @4f285b35) has no Triton bars. Both figures time FlashAttention v1, the
+# other kernel without Hopper instructions, and FlashAttention-2 leads it by as much on H100 as on A100 (geometric
+# means 1.94 and 1.93 over head dims 64 and 128, no mask and causal, 512-16k; dlperf/data/kernels/
+# fa2paper-fa1-speed.csv, tests/test_flash_causal.py): the evidence does not have such a kernel catch up on H100.
+# Two things the figure does not settle: the slowdown is one for both head dims, while at head dim 128 alone the A100
+# panels put the Triton kernel at 2.07x (no mask) and 2.24x (causal) FlashAttention-2's forward + backward time
+# (geometric means over 512-16k) against the 1.83x and ~2.0x priced here; and flash-attn's benchmark script
+# (benchmarks/benchmark_flash_attention.py @60499abc, added eleven days after the figure) times OpenAI Triton's
+# triton.ops.flash_attention as its "Triton" method, so the bars may be of that kernel rather than of
+# flash_attn_triton.py on the pre-MLIR Triton that llm-foundry runs.
 TRITON_SLOWDOWN = (1.4, 2.0)
 
 
@@ -506,7 +517,8 @@ def _flash_kernel(layer: Layer, core: Cost, qkv_bytes: Any, out_bytes: Any, reco
     flash_attn_triton.py): the FlashAttention-2 curve stretched by TRITON_SLOWDOWN per pass. That ratio was
     measured on an A100; on an H100 it is carried over, both kernels running there without Hopper's own
     instructions (FlashAttention-2 "using no special instructions", Dao 2023 section 4.1; the Triton kernel is
-    compiled by the pre-MLIR Triton, which predates Hopper's wgmma).
+    compiled by the pre-MLIR Triton, which predates Hopper's wgmma), as FlashAttention v1's ratio to
+    FlashAttention-2 carries over between the two GPUs' figures (TRITON_SLOWDOWN's comment).
 
     The curves are measured at head dim 128; the kernel carries its head dim for the rate the curve's family runs
     at another (dlperf.ops.headdim; none for the Triton kernel, whose slowdown was read over head dims 64 and 128)."""
