@@ -134,6 +134,7 @@ class Plan:
     fp8_weight_transpose: str = "cached"  # FP8 weight copies: with transposes, or one (FP8_WEIGHT_TRANSPOSES)
     mx_swizzle: str = "quantize"         # which mxfp8 GEMM operands are swizzled by kernels of their own (MX_SWIZZLES)
     ep: int = 1                          # expert parallelism: experts sharded over ep ranks of the dp*cp group
+    etp: int | None = None               # expert tensor parallelism (expert_tp); None: tp, the dense layers' split
     cp: int = 1                          # context parallelism: each sequence split over cp ranks
     cp_algorithm: str = "ring"           # ring attention (KV passed around) or ulysses (all-to-all over heads)
     moe_imbalance: float | None = None   # busiest expert rank's tokens / mean (None: MOE_IMBALANCE)
@@ -159,10 +160,20 @@ class Plan:
         return self.dp if self.dp is not None else self.devices // (self.tp * self.pp * self.cp)
 
     @property
+    def expert_tp(self) -> int:
+        """Ranks each expert's matrices are split over (Megatron-Core's --expert-tensor-parallel-size, whose
+        default is the tensor-parallel size: megatron/training/arguments.py @92c8482e:465-466)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
     def expert_data_parallel(self) -> int:
         """Replicas of each expert shard, over which expert gradients are reduced (Megatron-Core's expert-data-
-        parallel group): the data- and context-parallel ranks that hold the same experts."""
-        return self.data_parallel * self.cp // self.ep
+        parallel group): the data- and context-parallel ranks that hold the same experts; with the experts
+        folded onto their own grid (expert_tp < tp), tp*dp*cp / (ep*expert_tp), as initialize_model_parallel
+        sizes it (world / (etp*ep*pp): megatron/core/parallel_state.py @92c8482e:743-752)."""
+        if self.expert_tp == self.tp:
+            return self.data_parallel * self.cp // self.ep
+        return self.tp * self.data_parallel * self.cp // (self.ep * self.expert_tp)
 
     @property
     def imbalance(self) -> float:
@@ -189,6 +200,17 @@ class Plan:
 
 
 _FIELDS = frozenset(f.name for f in fields(Plan))
+
+
+def _etp(plan: Plan) -> str:
+    """The plan's etp for an error's `found` when it folds its experts (`folded`), else nothing."""
+    return f" etp={plan.etp}" if folded(plan) else ""
+
+
+def folded(plan: Plan) -> bool:
+    """Whether the experts run on a grid of their own (expert_tp < tp, Megatron-Core's MoE parallel folding), whose
+    expert-data-parallel group is not the dense layers' dp*cp/ep."""
+    return plan.expert_tp != plan.tp
 
 
 def fast_replace(obj: Any, names: frozenset[str], changes: dict[str, Any]) -> Any:
@@ -273,10 +295,11 @@ def _check_impls(plan: Plan) -> None:
                         found=plan.zero)
     if plan.zero_impl not in ("fsdp", "megatron") and plan.zero != 3:
         raise PlanError(f"zero_impl {plan.zero_impl} describes ZeRO stage 3", expected="zero: 3", found=plan.zero)
-    if plan.zero_impl == "deepspeed-0.3" and (plan.pp > 1 or plan.cp > 1 or plan.ep > 1):
+    if plan.zero_impl == "deepspeed-0.3" and (plan.pp > 1 or plan.cp > 1 or plan.ep > 1 or folded(plan)):
         # priced for a flat data-parallel group only (dlperf.engine.zero_impl counts one stage's tensors, dp ranks)
         raise PlanError("zero_impl deepspeed-0.3 runs without pipeline, context or expert parallelism",
-                        expected="pp = cp = ep = 1", found=f"pp={plan.pp} cp={plan.cp} ep={plan.ep}")
+                        expected="pp = cp = ep = 1, etp = tp",
+                        found=f"pp={plan.pp} cp={plan.cp} ep={plan.ep}{_etp(plan)}")
     _check_dp_impl(plan)
 
 
@@ -298,9 +321,9 @@ def _check_dp_impl(plan: Plan) -> None:
     if parse_compression(plan.compression) not in [parse_compression(name) for name in SCHEMES]:
         raise PlanError(f"dp_impl {plan.dp_impl} compresses with Compression.none or Compression.fp16",
                         expected="compression " + " or ".join(SCHEMES), found=plan.compression)
-    if plan.cp > 1 or plan.ep > 1:
+    if plan.cp > 1 or plan.ep > 1 or folded(plan):
         raise PlanError(f"dp_impl {plan.dp_impl} is priced for a flat data-parallel group",
-                        expected="cp = ep = 1", found=f"cp={plan.cp} ep={plan.ep}")
+                        expected="cp = ep = 1, etp = tp", found=f"cp={plan.cp} ep={plan.ep}{_etp(plan)}")
 
 
 def _check_post_backward(plan: Plan) -> None:
@@ -312,9 +335,9 @@ def _check_post_backward(plan: Plan) -> None:
     if plan.compression != "none":
         raise PlanError("dp_impl post-backward all-reduces uncompressed gradients", expected="compression none",
                         found=plan.compression)
-    if plan.cp > 1 or plan.ep > 1:
-        raise PlanError("dp_impl post-backward is priced for a flat data-parallel group", expected="cp = ep = 1",
-                        found=f"cp={plan.cp} ep={plan.ep}")
+    if plan.cp > 1 or plan.ep > 1 or folded(plan):
+        raise PlanError("dp_impl post-backward is priced for a flat data-parallel group",
+                        expected="cp = ep = 1, etp = tp", found=f"cp={plan.cp} ep={plan.ep}{_etp(plan)}")
 
 
 def _check_activation_knobs(plan: Plan) -> None:
@@ -422,10 +445,34 @@ def check_degrees(plan: Plan) -> None:
     if dp < 1 or dp * inner != plan.devices:
         cp = f"*{plan.cp}" if plan.cp > 1 else ""
         raise PlanError(f"dp*{names} must equal the device count: {dp}*{plan.tp}*{plan.pp}{cp} != {plan.devices}")
-    if (dp * plan.cp) % plan.ep:
+    if plan.etp is not None:
+        _check_expert_grid(plan, dp)
+    if plan.expert_tp == plan.tp and (dp * plan.cp) % plan.ep:
         within = f"dp*cp={dp * plan.cp}" if plan.cp > 1 else f"the data-parallel degree dp={dp}"
         raise PlanError(f"ep={plan.ep} must divide {within} (expert parallelism is carved out of the data- and "
                         "context-parallel ranks, as Megatron-Core's expert_decoder_rank_generator folds cp into them)")
+
+
+def _check_expert_grid(plan: Plan, dp: int) -> None:
+    """Megatron-Core's MoE parallel folding (Liu et al. 2025, arXiv:2504.14960): the experts' own grid, etp x ep x
+    edp, covers the same tp*dp*cp ranks of a pipeline stage as the dense layers' (megatron/core/parallel_state.py
+    @92c8482e:743-763, expert_decoder_rank_generator). dlperf prices the experts split as the dense layers are
+    (etp = tp) or unsplit (etp = 1), with sequence parallelism: Megatron-Core's MoE layer refuses tensor
+    parallelism without it in training (moe_layer.py @92c8482e:288-292)."""
+    etp, ranks = plan.etp, plan.tp * dp * plan.cp
+    _positive("etp", etp)
+    if plan.tp % etp:
+        raise PlanError(f"etp={etp} must divide tp={plan.tp} (the experts are split over a subset of the "
+                        "tensor-parallel ranks, Megatron-Core's --expert-tensor-parallel-size)")
+    if etp not in (1, plan.tp):
+        raise PlanError(f"etp={etp}: dlperf prices the experts split as the dense layers or not at all",
+                        expected=f"etp 1 or {plan.tp} (= tp)", found=etp)
+    if ranks % (plan.ep * etp):
+        raise PlanError(f"ep*etp = {plan.ep * etp} must divide tp*dp*cp = {ranks} (the expert grid folds onto the "
+                        "stage's ranks: Megatron-Core's expert data parallelism is world / (etp*ep*pp))")
+    if etp < plan.tp and not plan.sequence_parallel:
+        raise PlanError(f"etp={etp} < tp={plan.tp} needs --sequence-parallel (Megatron-Core's MoE layer refuses "
+                        "tensor parallelism without it in training, moe_layer.py @92c8482e:288-292)")
 
 
 def _check_ep_overlap(plan: Plan) -> None:

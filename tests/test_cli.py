@@ -99,8 +99,8 @@ def test_predict_help_says_what_is_filled_in(run):
     assert "--global-batch INTEGER Samples per step over all replicas (default: one per device)." in text
     assert ("--micro-batch INTEGER Samples per micro-batch per replica (default: 1 with pipelining, else the whole "
             "per-replica batch in one pass).") in text
-    assert ("With none of --dp, --tp, --pp, --ep and --cp given, the degrees are filled in: pure data parallelism "
-            "when the model fits, else the fastest plan that fits; a note says which.") in text
+    assert ("With none of --dp, --tp, --pp, --ep, --etp and --cp given, the degrees are filled in: pure data "
+            "parallelism when the model fits, else the fastest plan that fits; a note says which.") in text
 
 
 def test_help_lists_commands():

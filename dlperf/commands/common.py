@@ -142,6 +142,13 @@ def warn(text: str) -> None:
     click.echo(f"warning: {text}", err=True)
 
 
+def folded_note(plan: dict[str, Any]) -> str:
+    """The " etp=N" of a plan dict whose experts run on a grid of their own (etp below tp, dlperf.plan.folded), for
+    the one-line plan summaries; "" otherwise."""
+    etp = plan.get("etp")
+    return f" etp={etp}" if etp is not None and etp != plan.get("tp") else ""
+
+
 def exit_unless_fits(result: Any) -> None:
     """A prediction of a plan that does not fit is printed, then said on stderr and ends with exit code 1."""
     if not result.fits:

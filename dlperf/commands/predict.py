@@ -12,6 +12,7 @@ from dlperf.commands.common import (
     Finite,
     PlotPath,
     exit_unless_fits,
+    folded_note,
     format_option,
     name_list,
     parse_sets,
@@ -44,8 +45,8 @@ def plan_options(fn: Callable) -> Callable:
         click.option("--gpus", "devices", type=POSITIVE, default=None,
                      help="Number of devices (default: dp*tp*pp*cp, 1 when no degree is given)."),
         click.option("--dp", type=POSITIVE, default=None,
-                     help="Data-parallel degree (default: devices/(tp*pp*cp)). With none of --dp, --tp, --pp, --ep "
-                          "and --cp given, the degrees are filled in: pure data parallelism when the model fits, "
+                     help="Data-parallel degree (default: devices/(tp*pp*cp)). With none of --dp, --tp, --pp, --ep, "
+                          "--etp and --cp given, the degrees are filled in: pure data parallelism when the model fits, "
                           "else the fastest plan that fits; a note says which."),
         click.option("--tp", type=POSITIVE, default=None, help="Tensor (model) parallel degree (default: 1)."),
         click.option("--pp", type=POSITIVE, default=None, help="Pipeline-parallel degree (stages; default: 1)."),
@@ -71,7 +72,12 @@ def plan_options(fn: Callable) -> Callable:
                           "2019-2021; dlperf.engine.post_backward)."),
         click.option("--ep", type=POSITIVE, default=1, show_default=True,
                      help="Expert-parallel degree: MoE experts sharded over this many ranks of the data-parallel "
-                          "group."),
+                          "group (of all tp*dp*cp ranks with --etp 1)."),
+        click.option("--etp", type=POSITIVE, default=None,
+                     help="Expert tensor-parallel degree (Megatron-Core's --expert-tensor-parallel-size; default: "
+                          "tp). 1 runs the experts unsplit on a grid of their own (MoE parallel folding): ep*etp "
+                          "must divide tp*dp*cp, so ep may span the tensor-parallel ranks; needs "
+                          "--sequence-parallel."),
         click.option("--ep-overlap", is_flag=True,
                      help="Hide expert all-to-alls behind an adjacent micro-batch's compute (Megatron-Core's "
                           "combined 1F1B, --overlap-moe-expert-parallel-comm; DeepSeek-V3's DualPipe pairing)."),
@@ -230,7 +236,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         moment_dtype=opts.get("moment_dtype") or "fp32",
         mx_swizzle=opts.get("mx_swizzle") or "quantize", cudnn=opts.get("cudnn"),
         dtype=opts.get("dtype"), grad_dtype=opts.get("grad_dtype"),
-        ep=opts.get("ep") or 1, cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
+        ep=opts.get("ep") or 1, etp=opts.get("etp"), cp=cp, cp_algorithm=opts.get("cp_algorithm") or "ring",
         moe_imbalance=opts.get("moe_imbalance"), ep_overlap=opts.get("ep_overlap", False),
         p2p_overlap=opts.get("p2p_overlap", False),
         zero_impl=opts.get("zero_impl") or "fsdp", dp_impl=opts.get("dp_impl") or "nccl",
@@ -242,7 +248,7 @@ def build_plan(model: Any, hw: Any, opts: dict[str, Any]) -> tuple[Any, list[str
         offload_layers=opts.get("offload_layers") or 0, optimizer_impl=opts.get("optimizer_impl") or "fused",
         cuda_graphs=name_list(opts.get("cuda_graphs")),
     )
-    if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and devices > 1:
+    if tp is None and pp is None and dp is None and cp == 1 and base.ep == 1 and base.etp is None and devices > 1:
         from dlperf.engine.defaults import ZERO1_IMPL, default_plan
 
         # --zero not given: ZeRO-1 is tried too, run as --zero-impl names or as Megatron-Core's distributed optimizer
@@ -378,7 +384,7 @@ def _table(r: Any, spec: Any, hw: Any) -> str:
     from dlperf.units import format_quantity as q
 
     p = r.plan
-    extra = "".join(f" {k}={p[k]}" for k in ("cp", "ep") if p.get(k, 1) > 1)
+    extra = "".join(f" {k}={p[k]}" for k in ("cp", "ep") if p.get(k, 1) > 1) + folded_note(p)
     lines = [f"{spec.name} on {hw.name}: {p['devices']} x {hw.device.name}, "
              f"dp={p['dp']} tp={p['tp']} pp={p['pp']}{extra}, "
              f"global batch {p['global_batch']} (micro-batch {p['micro_batch']} x {p['micro_batches']}), "

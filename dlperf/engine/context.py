@@ -13,7 +13,9 @@ every key for every query:
 
 Expert parallelism (ep ranks carved out of the data- and context-parallel ranks, Megatron-Core): each rank keeps
 E/ep experts; its tokens' top_k copies are dispatched to the experts' ranks by an all-to-all and combined back by
-another, forward and backward (Lepikhin et al. 2020, GShard, section 3.2).
+another, forward and backward (Lepikhin et al. 2020, GShard, section 3.2). With MoE parallel folding (Liu et al.
+2025, arXiv:2504.14960; plan etp < tp) the experts run on a grid of their own, etp x ep x edp over the stage's
+tp x cp x dp ranks, so the ep group also spans tensor-parallel ranks (`Parallel.etp`, dlperf.engine.stage).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class Parallel:
     ep_alltoall_nodes: Callable[[Any], Any] | None = None  # over one rank per node (same in-node index)
     ep_alltoall_node: Callable[[Any], Any] | None = None   # over the ep ranks inside one node
     ep_dispatcher: str = "alltoall"                   # dlperf.plan.EP_DISPATCHERS
+    etp: int | None = None                            # expert tensor parallelism when below tp (folded experts;
+                                                      # dlperf.plan.folded); None: the experts split as tp splits
     ep_allgather: Callable[[Any], Any] | None = None  # bytes per rank -> seconds, over the ep group
     sync_gap: Any = 0.0                               # device idle seconds after a host sync (ep_dispatch_extra)
     fp8_dispatch: bool = False                        # deepep under an FP8 recipe: dispatch-direction legs in FP8

@@ -207,16 +207,17 @@ def runtime_reserve(hw: Hardware, allocated: Any) -> Any:
 def _states(stage: StageCost, plan: Plan, dtype: str) -> dict[str, Any]:
     """Model states of the heaviest stage. With context parallelism the dense states shard over dp*cp (cp ranks
     hold the same weights; Megatron-Core's distributed optimizer spans both), with expert parallelism the
-    experts' states over the expert-data-parallel group (dp*cp/ep), each by the plan's ZeRO stage. The routed
+    experts' states over the expert-data-parallel group (dp*cp/ep; tp*dp*cp/(ep*expert tp) with the experts
+    folded onto their own grid, Plan.expert_data_parallel), each by the plan's ZeRO stage. The routed
     experts sit inside the blocks, so an FP8 recipe runs them in FP8 (their share of `fp8_params`)."""
     if plan.cp == 1 and mathx.is_zero(stage.expert_params):
         return model_state_bytes(stage.params, plan, dtype, stage.fp8_params)
     experts_fp8 = mathx.minimum(stage.expert_params, stage.fp8_params)
     dense = model_state_bytes(stage.params - stage.expert_params,
-                              plan.with_(dp=plan.data_parallel * plan.cp, cp=1, ep=1), dtype,
+                              plan.with_(dp=plan.data_parallel * plan.cp, cp=1, ep=1, etp=None), dtype,
                               stage.fp8_params - experts_fp8)
-    experts = model_state_bytes(stage.expert_params, plan.with_(dp=plan.expert_data_parallel, cp=1, ep=1), dtype,
-                                experts_fp8)
+    experts = model_state_bytes(stage.expert_params, plan.with_(dp=plan.expert_data_parallel, cp=1, ep=1, etp=None),
+                                dtype, experts_fp8)
     return {k: dense[k] + experts[k] for k in dense}
 
 

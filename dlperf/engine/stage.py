@@ -29,7 +29,7 @@ from dlperf.ops.dense import qkv_split_for_rank, quadratic_attention_bytes, soft
 from dlperf.ops.elementwise import XLA_SOFTMAX_KERNELS
 from dlperf.ops.fp8 import OPERAND_BYTES, fp8_kernels, is_recipe, kernel_dtype, storage_dtype
 from dlperf.ops.fp8 import saved_bytes as fp8_saved_bytes
-from dlperf.ops.moe import moe_kernels
+from dlperf.ops.moe import moe_kernels, routed_expert_kernel
 from dlperf.ops.recompute import ActivationPolicy, freed_bytes, rerun_kernels, reruns
 from dlperf.plan import fast_replace
 from dlperf.spec.hardware import Device, Hardware
@@ -167,18 +167,20 @@ def conv_choice(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor:
 def use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any,
                 fp8: bool = False, ep: int = 1, dispatcher: str = "alltoall", nchw: bool = False,
                 fallback: bool = True, scaling: str = "delayed", swizzle: str = "quantize",
-                sp_dim: str | None = None, transpose: str = "cached") -> list[Kernel]:
+                sp_dim: str | None = None, transpose: str = "cached", fold: int = 1) -> list[Kernel]:
     """The layer's kernels; with `fp8` (an FP8 recipe's layer) its weight GEMMs in FP8 with their casts; a MoE
     layer under expert parallelism keeps experts / ep on a device (its grouped GEMMs read fewer weights) and
-    does the bookkeeping of its token `dispatcher`; with `nchw` (activations in PyTorch's default NCHW layout) a
+    does the bookkeeping of its token `dispatcher`, its routed experts on 1/`fold` of the tokens when they run on
+    a grid of their own (`_fold`); with `nchw` (activations in PyTorch's default NCHW layout) a
     tensor-core convolution also pays cuDNN's layout transposes (dlperf.ops.conv.layout_transpose_kernel). An
     attention layer with `softmax: megatron` runs Megatron's PyTorch softmax where its fused kernel refuses the
     micro-batch and heads per rank (dlperf.ops.dense.softmax_for_rank; `fallback` False keeps the fused one).
     `scaling` is the fp8 recipe's (dlperf.ops.fp8.FP8_SCALINGS), `swizzle` the mxfp8 recipe's (MX_SWIZZLES),
     `sp_dim` the use's tensor-parallel dimension when sequence parallelism gathers its operands (None: it does not),
     and `transpose` which FP8 weight copies the recipe keeps (dlperf.plan.FP8_WEIGHT_TRANSPOSES)."""
-    if use.layer.op == "moe" and ep > 1:
-        kernels = list(moe_kernels(use.layer, batch, e, use.layer["experts"] // ep, dispatcher))
+    if use.layer.op == "moe" and (ep > 1 or fold > 1):
+        resident = use.layer["experts"] // ep if ep > 1 else None
+        kernels = list(moe_kernels(use.layer, batch, e, resident, dispatcher, fold))
         return fp8_kernels(kernels, e, dtype, scaling, swizzle, sp_dim, transpose) if fp8 else kernels
     kernels = list(OPS[use.layer.op].kernels(use.layer, batch, e))
     if fallback:
@@ -218,10 +220,12 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         gemm = {"fwd": 0.0, "bwd": 0.0}  # this layer's weight-GEMM seconds per pass: what overlap hides behind
         core = [0.0, 0.0]  # this layer's attention-core seconds, which a ring exchange overlaps
         sp_dim = use.tp_dim if sp and tp > 1 else None
+        fold = _fold(use, tp, par)
         kernels = _use_kernels(use, batch, e, hw, dtype, tp if use.sharded else (tp if sp else 1), in_fp8,
-                               par.ep, par.ep_dispatcher, memo, nchw, (scaling, swizzle, sp_dim), transpose)
+                               par.ep, par.ep_dispatcher, memo, nchw, (scaling, swizzle, sp_dim), transpose, fold)
         for kernel in [rank for k in kernels for rank in _cp_kernels(use, k, par)]:
-            split = divisor if (kernel.split or sp) else 1
+            folded = fold > 1 and routed_expert_kernel(kernel)
+            split = kernel_split(kernel, divisor, sp, fold, par)
             fwd, bwd, host_fwd, host_bwd = _kernel_times(kernel, hw.device, kernel_dtype(kernel, dtype), split,
                                                          use.tp_dim, memo)
             if graphs.scopes:
@@ -241,7 +245,7 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
             if _recomputed(recompute, use, kernel) or reruns(rerun, kernel.name):
                 out.recompute = out.recompute + use.count * fwd
                 out.host_recompute = out.host_recompute + use.count * host_fwd
-            if kernel.weight_gemm is not None:
+            if kernel.weight_gemm is not None and not folded:  # folded experts: no tp collective to hide
                 gemm["fwd"], gemm["bwd"] = gemm["fwd"] + fwd, gemm["bwd"] + bwd
             key = f"{use.layer.op}"
             out.per_type[key] = out.per_type.get(key, 0.0) + use.count * (fwd + bwd)
@@ -249,8 +253,8 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         if par.active:
             _add_ep_cp(out, use, batch, e, tp, recompute, par, core, hw.device, 0.0 if graphs.full else 1.0)
         if tp > 1:
-            _add_tp_comm(out, use, batch / par.cp, e, tp, recompute, comm_time, gemm if tp_overlap else None,
-                         hw.device, collectives)
+            _add_tp_comm(out, _tp_collectives(use, fold), batch / par.cp, e, tp, recompute, comm_time,
+                         gemm if tp_overlap else None, hw.device, collectives)
         _add_held(out, use, batch, e, dtype, tp, sp, recompute, in_fp8, par, acts)
     if graphs.scopes:
         fwd_replays, bwd_replays = replays(graphs, uses)
@@ -281,7 +285,11 @@ def _add_held(out: StageCost, use: Use, batch: Any, e: int, dtype: str, tp: int,
     `in_fp8`: the layer runs in FP8 and keeps FP8 copies of them) and the activations it saves for backward per
     micro-batch, less what selective or partial recomputation and FP8 caching free, split by context parallelism."""
     held = out.params
-    if par.ep > 1 and use.layer.op == "moe":  # the routed experts' parameters are sharded ep ways on top of tp
+    if _fold(use, tp, par) > 1:  # the routed experts on their own grid: sharded ep x expert-tp ways, not tp
+        experts = OPS[use.layer.op].expert_params(use.layer)
+        out.params = out.params - use.count * experts / tp + use.count * experts / (par.ep * par.etp)
+        out.expert_params = out.expert_params + use.count * experts / (par.ep * par.etp)
+    elif par.ep > 1 and use.layer.op == "moe":  # the routed experts' parameters are sharded ep ways on top of tp
         experts = OPS[use.layer.op].expert_params(use.layer) / (tp if use.sharded else 1)
         out.params = out.params - use.count * experts * (1 - 1 / par.ep)
         out.expert_params = out.expert_params + use.count * experts / par.ep
@@ -393,16 +401,17 @@ def _weight_share(kernel: Kernel) -> Any:
 
 def _use_kernels(use: Use, batch: Any, e: int, hw: Hardware, dtype: str, divisor: Any, fp8: bool, ep: int,
                  dispatcher: str, memo: dict | None, nchw: bool, quant: tuple[str, str, str | None],
-                 transpose: str = "cached") -> list[Kernel]:
+                 transpose: str = "cached", fold: int = 1) -> list[Kernel]:
     """use_kernels, looked up in `memo` (one dict per hardware) when given, keyed on what it reads of the use:
     its layer and, for a convolution's algorithm choice, its tp dimension; `quant` is (scaling, swizzle, sp_dim),
-    `transpose` the FP8 weight copies kept (use_kernels)."""
+    `transpose` the FP8 weight copies kept, `fold` the folded experts' share (use_kernels)."""
     scaling, swizzle, sp_dim = quant
-    key = ("use_kernels", use.layer, use.row, batch, e, dtype, divisor, fp8, ep, dispatcher, nchw, quant, transpose)
+    key = ("use_kernels", use.layer, use.row, batch, e, dtype, divisor, fp8, ep, dispatcher, nchw, quant, transpose,
+           fold)
     kernels = None if memo is None else memo.get(key)
     if kernels is None:
         kernels = use_kernels(use, batch, e, hw, dtype, divisor, fp8, ep, dispatcher, nchw, scaling=scaling,
-                              swizzle=swizzle, sp_dim=sp_dim, transpose=transpose)
+                              swizzle=swizzle, sp_dim=sp_dim, transpose=transpose, fold=fold)
         if memo is not None:
             memo[key] = kernels
     return kernels
@@ -420,6 +429,38 @@ def _kernel_times(kernel: Kernel, device: Device, dtype: str, split: Any, tp_dim
     if times is None:
         times = memo[key] = (*kernel_times(kernel, device, dtype, split, tp_dim), *dispatch_times(kernel, device))
     return times
+
+
+def kernel_split(kernel: Kernel, divisor: Any, sp: bool, fold: int, par: Parallel) -> Any:
+    """What one rank's share of a kernel's work is divided by: the tensor-parallel `divisor` for a split kernel,
+    and for every kernel under sequence parallelism (each rank holds 1/tp of the tokens); with the experts folded
+    (`fold` > 1) the expert tp for the routed experts' kernels, which use_kernels built on the rank's own rows."""
+    if fold > 1 and routed_expert_kernel(kernel):
+        return par.etp
+    return divisor if (kernel.split or sp) else 1
+
+
+def _fold(use: Use, tp: int, par: Parallel) -> int:
+    """tp / expert tp for a MoE layer whose experts run on a grid of their own (MoE parallel folding, Liu et al.
+    2025, arXiv:2504.14960; dlperf.plan.folded), else 1. Megatron-Core builds the experts' GEMMs on the expert
+    tensor-parallel group (TEGroupedMLP linear_fc1/linear_fc2 `tp_group=pg_collection.expt_tp`, moe/experts.py
+    @92c8482e:749-790) and its all-to-all dispatcher gathers and reduce-scatters over that group alone
+    (token_dispatcher.py @92c8482e:72-76, 692-701, 775-782): at expert tp 1 each rank's experts run the routed
+    copies of its own sequence-parallel shard, unsplit, and no tensor-parallel collective joins them."""
+    if par.etp is None or par.etp == tp or use.layer.op != "moe":
+        return 1
+    return tp // par.etp
+
+
+def _tp_collectives(use: Use, fold: int) -> Use:
+    """The use with the tensor-parallel collectives it runs. A MoE layer's (an all-gather of its sequence-parallel
+    input and a reduce-scatter of its output, each way) stand for the experts' and the shared experts'; with the
+    experts folded (`_fold`) the shared experts alone keep them, a dense MLP on the dense layers' tensor-parallel
+    group (SharedExpertMLP passes `tp_group=pg_collection.tp`, moe/shared_experts.py @92c8482e:52), so a layer
+    without shared experts runs none."""
+    if fold == 1 or use.layer["shared_experts"]:
+        return use
+    return replace(use, comm=())
 
 
 def _add_tp_comm(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute: str, comm_time: Any,

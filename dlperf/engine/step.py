@@ -42,7 +42,15 @@ from dlperf.errors import PlanError
 from dlperf.ops.base import numel
 from dlperf.ops.fp8 import fp8_layers, is_recipe, param_gather_bytes, weight_cast_bytes
 from dlperf.ops.recompute import ActivationPolicy, norm_consumers, rerun_kernels, reruns
-from dlperf.plan import FP16_WRAPPERS, PER_BLOCK_ZERO_IMPLS, Plan, cudnn_version, dualpipe_micro_batches_ok, validate
+from dlperf.plan import (
+    FP16_WRAPPERS,
+    PER_BLOCK_ZERO_IMPLS,
+    Plan,
+    cudnn_version,
+    dualpipe_micro_batches_ok,
+    folded,
+    validate,
+)
 from dlperf.spec.hardware import DEFAULT_CHANNELS, Hardware
 from dlperf.spec.model import Model, out_shape
 
@@ -610,7 +618,7 @@ class StepModel:
     def _dp_time(self, plan: Plan, slow: StageCost, dtype: str, twin: Twin = None) -> tuple[Any, Any, Any, Any]:
         key = (id(slow), plan.data_parallel, plan.tp, plan.zero, plan.pp, plan.overlap,
                plan.parameter_server, plan.compression, plan.grad_dtype, dtype, plan.fp8_param_gather, plan.cp,
-               plan.ep, plan.zero_impl, plan.dp_impl, twin,
+               plan.ep, plan.expert_tp, plan.zero_impl, plan.dp_impl, twin,
                # only Megatron's overlapped parameter gather reads the schedule (_megatron_param_gather); keying
                # every plan on it would reprice the same communication for each schedule a search tries
                (plan.schedule, plan.virtual_stages) if plan.zero_impl == "megatron" else None)
@@ -850,9 +858,9 @@ def _replicas(comm: Any, hw: Hardware, plan: Plan, twin: Twin) -> tuple[Any, flo
     """(the group a stage's gradients are reduced over, the share of the SMs it takes while overlapped): dp
     ranks tp apart (the tp field is the stride, see `_expert_group`), or under DualPipe (`twin`) the dp/2
     replicas at each of the two pipeline ranks that hold the stage, placed where they sit. Each half spreads
-    evenly over its pipeline rank's devices: the dense group's dp*cp ranks tp apart, the experts' dp*cp/ep ranks
-    tp*ep apart (Megatron-Core's expert ranks fold cp into dp, order tp-ep-dp-pp: megatron/core/parallel_state.py,
-    expert_decoder_rank_generator with cp=1), as `_expert_group` places them."""
+    evenly over its pipeline rank's devices: the dense group's dp*cp ranks tp apart, the experts' edp ranks
+    expert-tp*ep apart (Megatron-Core's expert ranks fold cp into dp, order tp-ep-dp-pp:
+    megatron/core/parallel_state.py, expert_decoder_rank_generator with cp=1), as `_expert_group` places them."""
     if twin is None:
         return comm.Group(plan.data_parallel, plan.tp), _overlap_contention(hw, plan.tp * plan.data_parallel)
     first, second, block = twin
@@ -866,7 +874,7 @@ def _ep_contention(hw: Hardware, plan: Plan) -> float:
     (context.DISPATCHER_SMS)."""
     if plan.ep_dispatcher in DISPATCHER_SMS and hw.device.sms is not None:
         return min(DISPATCHER_SMS[plan.ep_dispatcher] / hw.device.sms, 1.0)
-    return _overlap_contention(hw, plan.tp * plan.ep)  # the ep group's span (`_parallel`)
+    return _overlap_contention(hw, plan.expert_tp * plan.ep)  # the ep group's span (`_parallel`)
 
 
 def _level_for_stride(hw: Hardware, stride: int) -> int:
@@ -1145,15 +1153,17 @@ def _grad_sync(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
 
 def _dense_group(plan: Plan) -> Plan:
     """The plan as its dense gradients see it: dp*cp replicas, tp apart."""
-    return plan.with_(dp=plan.data_parallel * plan.cp, cp=1, ep=1)
+    return plan.with_(dp=plan.data_parallel * plan.cp, cp=1, ep=1, etp=None)
 
 
 def _expert_group(plan: Plan) -> Plan:
-    """The plan as the experts' gradients see it: dp*cp/ep replicas, tp*ep apart (the stride is the tp field
-    of a plan that only prices the reduction). Megatron-Core builds the expert groups from their own rank
-    generator, cp folded into the expert data parallelism (`_parallel`), so the replicas of one expert shard lie
-    tp*ep apart and span the stage's tp*cp*dp devices; tp*cp*ep ran cp times past them when cp > 1."""
-    return plan.with_(dp=plan.expert_data_parallel, tp=plan.tp * plan.ep, cp=1, ep=1)
+    """The plan as the experts' gradients see it: edp = dp*cp/ep replicas (tp*dp*cp/(ep*expert tp) with the
+    experts folded: Plan.expert_data_parallel), expert-tp*ep apart (the stride is the tp field of a plan that only
+    prices the reduction). Megatron-Core builds the expert groups from their own rank generator, cp folded into the
+    expert data parallelism (`_parallel`), so the replicas of one expert shard lie expert-tp*ep apart and span the
+    stage's tp*cp*dp devices; tp*cp*ep ran cp times past them when cp > 1. Expert gradients are reduced over that
+    group (distributed_data_parallel.py @92c8482e:582-585: `expt_dp_group` for parameters without `allreduce`)."""
+    return plan.with_(dp=plan.expert_data_parallel, tp=plan.expert_tp * plan.ep, cp=1, ep=1, etp=None)
 
 
 def _optimizer_time_split(hw: Hardware, plan: Plan, params: Any, expert_params: Any, fp8_cast: Any = 0,
@@ -1173,18 +1183,21 @@ def _parallel(comm: Any, hw: Hardware, plan: Plan, dtype: str | None = None) -> 
     generator puts tp innermost, then cp, then dp (cp ranks tp apart); the experts' own generator folds cp into
     the expert data parallelism, order tp-ep-dp (expert_decoder_rank_generator: tp = expert tp, ep, dp = world /
     (etp*ep*pp), cp = 1; NVIDIA/Megatron-LM @00caa53a megatron/core/parallel_state.py, initialize_model_parallel),
-    so ep ranks lie tp apart whatever cp is (expert tp = tp, its default). `dtype` is the one the plan computes in
-    (StepModel._dtype: the plan's, else the model's; None: the plan's own), which decides DeepEP's FP8 dispatch."""
+    so ep ranks lie expert-tp apart whatever cp is: tp apart at its default (expert tp = tp), next to each other
+    at expert tp 1, where the ep group spans tensor-parallel ranks too (MoE parallel folding, dlperf.plan.folded).
+    `dtype` is the one the plan computes in (StepModel._dtype: the plan's, else the model's; None: the plan's
+    own), which decides DeepEP's FP8 dispatch."""
     dtype = plan.dtype if dtype is None else dtype
-    if plan.ep == 1 and plan.cp == 1:
+    if plan.ep == 1 and plan.cp == 1 and not folded(plan):
         return None
-    ep_group, cp_group = comm.Group(plan.ep, plan.tp), comm.Group(plan.cp, plan.tp)
+    ep_group, cp_group = comm.Group(plan.ep, plan.expert_tp), comm.Group(plan.cp, plan.tp)
     level = _level_for_stride(hw, plan.tp * plan.cp - 1)
     crossing = (hw.network[0].size or 1) if level > 0 else 1
     local, nodes = _ep_per_node(hw, plan)
-    across, inside = comm.Group(nodes, plan.tp * local), comm.Group(local, plan.tp)
+    across, inside = comm.Group(nodes, plan.expert_tp * local), comm.Group(local, plan.expert_tp)
     return Parallel(
-        ep=plan.ep, cp=plan.cp, cp_algorithm=plan.cp_algorithm, imbalance=plan.imbalance,
+        ep=plan.ep, etp=plan.etp if folded(plan) else None, cp=plan.cp, cp_algorithm=plan.cp_algorithm,
+        imbalance=plan.imbalance,
         ep_alltoall=lambda nbytes: comm.collective_time("alltoall", nbytes, ep_group, hw),
         ep_nodes=nodes,
         ep_alltoall_nodes=lambda nbytes: comm.collective_time("alltoall", nbytes, across, hw),
@@ -1222,8 +1235,8 @@ def _ep_exposed(plan: Plan, slow: StageCost, m: Any) -> tuple[Any, Any]:
 
 
 def _ep_per_node(hw: Hardware, plan: Plan) -> tuple[int, int]:
-    """(ep ranks inside one node, nodes the ep group spans): its ranks are tp apart (`_parallel`)."""
-    node, stride = hw.network[0].size or plan.ep * plan.tp, plan.tp
+    """(ep ranks inside one node, nodes the ep group spans): its ranks are expert-tp apart (`_parallel`)."""
+    node, stride = hw.network[0].size or plan.ep * plan.expert_tp, plan.expert_tp
     local = max(1, min(plan.ep, node // stride))
     return (local, plan.ep // local) if plan.ep % local == 0 else (plan.ep, 1)
 
@@ -1249,8 +1262,9 @@ def _graphs(plan: Plan) -> Graphs | None:
 
 
 def _ep_cp_key(plan: Plan) -> tuple:
-    return (plan.ep, plan.cp, plan.cp_algorithm, plan.imbalance, plan.ep_dispatcher) if plan.ep > 1 or plan.cp > 1 \
+    key = (plan.ep, plan.cp, plan.cp_algorithm, plan.imbalance, plan.ep_dispatcher) if plan.ep > 1 or plan.cp > 1 \
         else ()
+    return (*key, "etp", plan.etp) if folded(plan) else key
 
 
 def _acts_key(plan: Plan) -> tuple:
@@ -1260,11 +1274,14 @@ def _acts_key(plan: Plan) -> tuple:
 def _check_ep_cp(model: Model, plan: Plan) -> None:
     """Expert parallelism needs experts to shard (ep divides each MoE layer's expert count); ring context
     parallelism cuts each sequence into 2*cp equal chunks."""
-    if plan.ep == 1 and plan.cp == 1:
+    if plan.ep == 1 and plan.cp == 1 and not folded(plan):
         return
     moe = [layer for layer, _ in model.counted() if layer.op == "moe"]
     if plan.ep > 1 and not moe:
         raise PlanError(f"ep={plan.ep} needs a model with moe layers; {model.name} has none")
+    if folded(plan) and not moe:
+        raise PlanError(f"etp={plan.etp} < tp={plan.tp} splits experts apart from the dense layers: {model.name} has "
+                        "no moe layers")
     for layer in moe:
         if isinstance(layer["experts"], int) and layer["experts"] % plan.ep:
             raise PlanError(f"ep={plan.ep} must divide the experts of {layer.name} ({layer['experts']})")

@@ -295,13 +295,18 @@ def _expert_extras(layer: Layer, routed: Any, d: Any, f: Any, e: int, local: Any
 
 
 def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None,
-                dispatcher: str = "alltoall") -> tuple[Kernel, ...]:
+                dispatcher: str = "alltoall", fold: int = 1) -> tuple[Kernel, ...]:
     """The layer's kernels on a device that holds `resident` of its experts (None: all of them; expert
     parallelism over ep ranks leaves experts / ep), with Megatron-Core's bookkeeping around them
-    (`_bookkeeping`; the all-to-all dispatcher's own with `dispatcher` "alltoall")."""
+    (`_bookkeeping`; the all-to-all dispatcher's own with `dispatcher` "alltoall"). `fold` is tp / expert tp when
+    the experts run on a grid of their own (dlperf.plan.folded): an expert-tensor-parallel group then runs the
+    routed copies of 1/fold of the tokens the tensor-parallel group holds (the dispatcher gathers over the expert
+    tensor-parallel group only, token_dispatcher.py @92c8482e:692-701), so the routed experts' kernels
+    (routed_expert_kernel) are built on those rows, for the engine to split expert-tp ways."""
     t, d = _tokens(layer, batch), layer.in_shape[-1]
     n_exp, k, f = layer["experts"], layer["top_k"], layer["ffn"]
     routed = t * k  # token-expert pairs: the activated work
+    rows = routed if fold == 1 else routed / fold  # ... of which the experts' grid runs these
     router = replace(gemm("router", t, d, n_exp, ROUTER_BYTES), dtype=ROUTER_DTYPE, split=False)
     scores = t * n_exp
     # softmax (~5 FLOPs/element, as the loss's) and k passes of max for the top-k; writes weights and indices
@@ -319,8 +324,8 @@ def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None,
         fwd_flops=2 * routed * d, bwd_data_flops=2 * routed * d, fwd_bytes=e * (routed * d + t * d),
         bwd_bytes=e * (2 * routed * d + t * d), depth=clog2(k), bwd_depth=1), bwd_launches=1, split=False)
     local = n_exp if resident is None else resident
-    kernels = [router, gating, permute, *_ffn_kernels("expert", routed, d, f, layer["gated"], e, True, local),
-               *_expert_extras(layer, routed, d, f, e, local),
+    kernels = [router, gating, permute, *_ffn_kernels(EXPERT_PREFIX, rows, d, f, layer["gated"], e, True, local),
+               *_expert_extras(layer, rows, d, f, e, local),
                combine, *_bookkeeping(layer, t, e, local, resident is not None, dispatcher)]
     width = _shared_width(layer)
     if width:
@@ -329,6 +334,18 @@ def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None,
             kernels.append(gemm("shared_gate", t, d, 1, e))
         kernels.append(elementwise_kernel("shared_add", t * d, e, 1, 0, reads=2, bwd_reads=1))
     return tuple(kernels)
+
+
+# The name prefix of the routed experts' kernels (_ffn_kernels, _expert_extras), which the FP8 casts, transposes and
+# swizzles dlperf.ops.fp8 derives from a GEMM keep (f"{kernel.name}_fp8_cast", ...).
+EXPERT_PREFIX = "expert"
+
+
+def routed_expert_kernel(kernel: Kernel) -> bool:
+    """Whether `kernel` runs on the routed experts' grid: their GEMMs, activation and extras (`expert`) and what an
+    FP8 recipe derives from those GEMMs (named after them). The router, gating, permutation, combine, bookkeeping
+    and shared experts run on the dense layers' tensor-parallel ranks."""
+    return kernel.expert or kernel.name.startswith(EXPERT_PREFIX + "_")
 
 
 def moe_expert_params(layer: Layer) -> Any:
