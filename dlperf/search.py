@@ -21,7 +21,7 @@ from dlperf.comm import ep_kernels
 from dlperf.errors import DlperfError, PlanError
 from dlperf.mathx import divisors as _divisors
 from dlperf.ops.moe import has_experts
-from dlperf.plan import RECOMPUTE_MODULES, Plan, dualpipe_micro_batches_ok
+from dlperf.plan import RECOMPUTE_MODULES, Plan, dualpipe_micro_batches_ok, folded
 
 OBJECTIVES = ("time", "cost")
 STRATEGIES = ("data", "model", "pipeline", "hybrid", "best")
@@ -71,6 +71,10 @@ class SearchSpace:
     # Expert parallelism (models with moe layers only): None tries every power of two that divides both dp and
     # the experts; context parallelism is off unless asked for (long sequences: e.g. (1, 2, 4, 8)).
     ep: tuple[int, ...] | None = None
+    # Expert tensor parallelism on MoE models at tp > 1: the experts split as the dense layers (None, etp = tp) or
+    # unsplit on a grid of their own, ep then carved out of all tp*dp*cp ranks (1: MoE parallel folding, Liu et al.
+    # 2025, arXiv:2504.14960; with sequence parallelism, dlperf.plan._check_expert_grid).
+    etp: tuple[int | None, ...] = (None, 1)
     cp: tuple[int, ...] = (1,)
     ep_overlap: tuple[bool, ...] = (False, True)  # combined 1F1B, where its rules allow it (ep > 1)
     # Partial recomputation (dlperf.plan.RECOMPUTE_MODULES) and FP8 activation caching, tried beside `recompute`
@@ -96,13 +100,23 @@ def enumerate_plans(base: Plan, node_size: int, heads: int | None, layers: int,
                 dp = n // (tp * pp * cp)
                 if batch % dp:
                     continue
-                for ep in ep_degrees(dp * cp, experts, space):
-                    yield from _cheap_knobs(base.with_(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep), batch // dp, space, layers)
+                for etp in expert_tps(tp, experts, space):
+                    for ep in ep_degrees(dp * cp * (tp // (etp or tp)), experts, space):
+                        yield from _cheap_knobs(base.with_(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp), batch // dp,
+                                                space, layers)
+
+
+def expert_tps(tp: int, experts: int, space: SearchSpace) -> list[int | None]:
+    """Expert tensor-parallel degrees to try (SearchSpace.etp): on a MoE model at tp > 1 the dense layers' split
+    (None) and 1; otherwise the dense layers' split alone (at tp 1 both are one plan)."""
+    if not experts or tp == 1:
+        return [None]
+    return [etp for etp in space.etp if etp is None or etp == 1]
 
 
 def ep_degrees(ranks: int, experts: int, space: SearchSpace) -> list[int]:
-    """Expert-parallel degrees to try: powers of two dividing the dp*cp ranks ep is carved out of and the expert
-    count."""
+    """Expert-parallel degrees to try: powers of two dividing the ranks ep is carved out of (dp*cp, or
+    tp*dp*cp/etp with the experts folded) and the expert count."""
     if not experts:
         return [1]
     options = space.ep if space.ep is not None else powers_of_two_upto(ranks)
@@ -117,7 +131,7 @@ def _cheap_knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) 
         for schedule, v in _schedules(plan.pp, m, space, layers, plan.ep):
             for zero in (space.zero if plan.dp > 1 or plan.cp > 1 else (0,)):
                 for recompute, modules, fp8 in _recomputes(schedule, space):
-                    for sp in (space.sequence_parallel if plan.tp > 1 else (False,)):
+                    for sp in _sequence_parallel(plan, space):
                         for overlap in _ep_overlaps(plan, m, schedule, recompute, space):
                             for dispatcher in (space.ep_dispatcher or ("alltoall",) if plan.ep > 1 else ("alltoall",)):
                                 yield plan.with_(micro_batch=micro, schedule=schedule, virtual_stages=v, zero=zero,
@@ -126,6 +140,14 @@ def _cheap_knobs(plan: Plan, per_replica: int, space: SearchSpace, layers: int) 
                                                  fp8_activations=fp8,
                                                  # the base plan's p2p overlap where Megatron-Core has it
                                                  p2p_overlap=plan.p2p_overlap and schedule == "interleaved")
+
+
+def _sequence_parallel(plan: Plan, space: SearchSpace) -> tuple[bool, ...]:
+    """Sequence parallelism where it applies: at tp > 1, and always with folded experts, which need it
+    (dlperf.plan._check_expert_grid)."""
+    if plan.tp == 1:
+        return (False,)
+    return tuple(sp for sp in space.sequence_parallel if sp) if folded(plan) else space.sequence_parallel
 
 
 def _recomputes(schedule: str, space: SearchSpace) -> list[tuple[str, tuple[str, ...], bool]]:
@@ -196,7 +218,7 @@ class SearchResult:
         for rank, ev in enumerate(self.ranked[:top], 1):
             p = ev.plan
             row = {"rank": rank, "devices": p.devices, "dp": p.data_parallel, "tp": p.tp, "pp": p.pp, "cp": p.cp,
-                   "ep": p.ep, "ep_overlap": p.ep_overlap, "ep_dispatcher": p.ep_dispatcher,
+                   "ep": p.ep, "etp": p.expert_tp, "ep_overlap": p.ep_overlap, "ep_dispatcher": p.ep_dispatcher,
                    "recompute_modules": ",".join(p.recompute_modules), "fp8_activations": p.fp8_activations,
                    "micro_batch": p.micro, "micro_batches": p.micro_batches, "schedule": p.schedule,
                    "virtual_stages": p.virtual_stages, "zero": p.zero, "recompute": p.recompute,

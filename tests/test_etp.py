@@ -6,6 +6,7 @@ unsplit experts, the ep group spanning tensor-parallel ranks (megatron/core/para
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -19,6 +20,7 @@ from dlperf.errors import PlanError
 from dlperf.ops import OPS
 from dlperf.ops.moe import moe_kernels, routed_expert_kernel
 from dlperf.plan import Plan, validate
+from dlperf.search import SearchSpace, search
 from dlperf.spec.hardware import load_hardware
 from dlperf.spec.model import load_model
 from tests.test_moe import _flat_hardware
@@ -225,3 +227,18 @@ def test_cli_etp(run):
     assert err.strip().splitlines() == [
         "Error: etp=1 < tp=2 needs --sequence-parallel (Megatron-Core's MoE layer refuses tensor parallelism without "
         "it in training, moe_layer.py @92c8482e:288-292)"]
+
+
+def test_search_tries_folded_experts_and_agrees_with_predict():
+    """On a MoE model at tp > 1 the search tries the experts unsplit (etp 1, with sequence parallelism) beside the
+    dense layers' split, ep then up to tp*dp; every plan it ranks is predict's."""
+    model, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    space = SearchSpace(zero=(1,), recompute=("none",), max_micro_batch=1, schedules=("1f1b",))
+    result = search(model, hw, 16, 32, space=space)
+    plans = [ev.plan for ev in result.ranked]
+    folded = [p for p in plans if p.etp == 1]
+    assert folded and all(p.tp > 1 and p.sequence_parallel for p in folded)
+    assert any(p.ep > p.data_parallel for p in folded)  # ep over the tensor-parallel ranks too
+    assert not any(ev.plan.etp == 1 for ev in search(model, hw, 16, 32, space=replace(space, etp=(None,))).ranked)
+    for ev in [ev for ev in result.ranked if ev.plan.etp == 1][:10]:
+        assert predict(model, hw, ev.plan).step_time_s == pytest.approx(ev.step_time_s, rel=1e-9)

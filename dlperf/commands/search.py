@@ -12,6 +12,7 @@ from dlperf.commands.common import (
     Finite,
     PlotPath,
     exit_unless_fits,
+    folded_note,
     format_option,
     name_list,
     set_option,
@@ -78,7 +79,8 @@ def _memory_option(text: str | None) -> float | None:
               help="Also try pipeline depths that do not divide the layer count (slower: balanced partition).")
 @click.option("--ep", "ep_degrees", default=None,
               help="Expert-parallel degrees to try, e.g. 1,8,64 (default: every power of two that divides dp*cp and "
-                   "the expert count; MoE models only).")
+                   "the expert count, or tp*dp*cp with the experts unsplit at expert tp 1, which is tried beside "
+                   "the dense layers' split at tp > 1; MoE models only).")
 @click.option("--cp", "cp_degrees", default="1", show_default=True,
               help="Context-parallel degrees to try, e.g. 1,2,4,8 (long sequences).")
 @click.option("--cp-algorithm", type=click.Choice(["ring", "ulysses"]), default="ring", show_default=True,
@@ -141,7 +143,8 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
     # where ep 1 is a choice (a dense model's ep is 1, its dispatcher unused, whatever the plan)
     extra = ["cp"] if any(r["cp"] > 1 for r in rows) else []
     if has_experts(spec) and any(r["ep"] > 1 or r["cp"] > 1 for r in rows):
-        extra += ["ep", "ep_overlap", "ep_dispatcher"]
+        extra += ["ep", "etp", "ep_overlap", "ep_dispatcher"] if any(r["etp"] != r["tp"] for r in rows) else [
+            "ep", "ep_overlap", "ep_dispatcher"]
     plan_cols = plan_cols[:4] + extra + plan_cols[4:]
     if any(r["recompute_modules"] for r in rows):
         plan_cols.insert(plan_cols.index("recompute") + 1, "recompute_modules")
@@ -270,7 +273,7 @@ def explain(model: str, hardware: str, sets: tuple[str, ...], step: float, fmt: 
     r = out["prediction"]
     notes = notes + r.notes
     p = r.plan
-    extra = "".join(f" {k}={p[k]}" for k in ("cp", "ep") if p.get(k, 1) > 1)
+    extra = "".join(f" {k}={p[k]}" for k in ("cp", "ep") if p.get(k, 1) > 1) + folded_note(p)
     lines = [f"{spec.name} on {p['devices']} x {hw.device.name}: dp={p['dp']} tp={p['tp']} pp={p['pp']}{extra}, "
              f"step time {format_quantity(r.step_time_s, 'time')}"]
     lines += [f"note: {n}" for n in notes]
