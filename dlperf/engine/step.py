@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from dlperf import mathx
@@ -61,6 +61,7 @@ Twin = tuple[int, int, int] | None
 # Optimizer update per parameter, memory-bound: bytes read + written and FLOPs (fp32 states).
 # Adam reads/writes weight, m, v (3 x 8 B) and reads the gradient; ~12 FLOPs (two moments, bias-corrected step).
 OPTIMIZER_COST = {"sgd": (12, 2), "momentum": (20, 4), "adam": (28, 12)}
+Split = tuple[tuple[int, int], ...]  # a pipeline split: each stage's range of units (StepModel.units)
 Loop = tuple[Any, str]  # (kernels per parameter, compute dtype) of a per-tensor optimizer step, (0, "") if fused
 
 
@@ -140,7 +141,14 @@ class StepModel:
         total = model.total_params
         self.fp8_share = sum(layer.params * n for layer, n in model.counted() if layer in self.fp8) / total \
             if isinstance(total, int) and total else 0.0
-        self.layers = len(units(model))
+        # the pipeline units, opened once: the stage memos key on them, and units() builds new wrapper nodes on
+        # every call, whose hashes and equality the memos would then recompute deep down the tree
+        self.units = units(model)
+        self.layers = len(self.units)
+        # each unit as the index of the first unit equal to it: a range's content as a tuple of ints (`_range`),
+        # which keys the stage memos as cheaply as it hashes, and equal ranges (a repeated block's) alike
+        first: dict[Any, int] = {}
+        self._unit_ids = tuple(first.setdefault(unit, k) for k, unit in enumerate(self.units))
         self.metrics = synced_metrics(model)  # training metrics synced every step (dlperf.engine.metric_sync)
         self.comm = _PricedComm(_comm(), hw)
         self._stages: dict[tuple, tuple[list[StageCost], StageCost, Any, Any]] = {}
@@ -149,12 +157,13 @@ class StepModel:
         self._holds: dict[tuple, list[StageCost] | None] = {}  # stage_memory's stages per split (_held)
         self._uniform: dict[int, list[list[Any]] | None] = {}  # _partition's split per pp
         self._uses: dict[tuple, list] = {}
-        self._splits: dict[tuple, list] = {}
+        self._splits: dict[tuple[int, int, int], list[Split]] = {}  # _candidate_splits per (micro, e, pp)
+        self._work: dict[tuple[int, int], list[tuple[float, float, float]]] = {}  # _unit_work per (micro, e)
+        self._par: dict[tuple, Parallel | None] = {}  # _parallel per stage-cost key
         self._p2p: dict[tuple, Any] = {}
         self._dp: dict[tuple, tuple[Any, Any]] = {}
         self._pace: dict[tuple[int, int], tuple[StageCost, StageCost, StageCost]] = {}
         self._tp_fns: dict[int, Any] = {}
-        self._work: dict[tuple, list[tuple[float, float, float]]] = {}
         self._twins: dict[tuple, tuple[list[StageCost], list[StageCost]]] = {}
         # stage_cost's memo: self.hw never changes, but for the fused-attention curve a plan's cuDNN version picks
         # (_hw_for), which the kernel-times key carries (engine/stage.py _kernel_times: Device.cudnn)
@@ -191,15 +200,27 @@ class StepModel:
         return self._stages[plan]
 
     def _staged(self, nodes: list[list[Any]], plan: Plan, dtype: str, e: int,
-                cost: Any = None) -> tuple[list[StageCost], StageCost, Any, Any]:
-        stages = [(cost or self._cost_of)(n, plan, dtype, e) for n in nodes]
-        boundary = max((numel(out_shape(n[-1], self.model.input_shape)) for n in nodes[:-1]), default=0)
-        return stages, self._slowest_of(stages, plan, dtype), max(s.params for s in stages), boundary
+                stages: list[StageCost] | None = None) -> tuple[list[StageCost], StageCost, Any, Any]:
+        """(stages, slowest, most parameters, largest boundary) of the split `nodes`, each stage priced whole
+        unless `stages` gives their costs."""
+        stages = [self._cost_of(n, plan, dtype, e) for n in nodes] if stages is None else stages
+        return stages, self._slowest_of(stages, plan, dtype), max(s.params for s in stages), self._boundary(nodes)
+
+    def _boundary(self, nodes: list[list[Any]]) -> Any:
+        """The largest activation crossing a stage boundary of the split `nodes`, per sample."""
+        return max((numel(out_shape(n[-1], self.model.input_shape)) for n in nodes[:-1]), default=0)
 
     def _slowest_of(self, stages: list[StageCost], plan: Plan, dtype: str) -> StageCost:
         """The stage whose passes last longest, counting its gradient accumulation, which grows with its
-        parameters, not its work (the first of equals)."""
-        return max(stages, key=lambda s: s.pass_time(_grad_accumulation(self.hw, plan, s.params, dtype)))
+        parameters, not its work (the first of equals). Equal stages are one object (the stage memos): timed once."""
+        paces: dict[int, Any] = {}
+
+        def pace(stage: StageCost) -> Any:
+            if id(stage) not in paces:
+                paces[id(stage)] = stage.pass_time(_grad_accumulation(self.hw, plan, stage.params, dtype))
+            return paces[id(stage)]
+
+        return max(stages, key=pace)
 
     def _balanced(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
         """The pipeline split of a model without a uniformly divisible repeated block: of the contiguous splits
@@ -210,55 +231,97 @@ class StepModel:
         stage's gradient traffic made the step slower on faster hardware (issue #15); a minimum over a family
         that does not depend on the hardware cannot get slower when the hardware gets faster, since no split
         in it does."""
-        pieces = units(self.model)
-        if (plan.micro, e) not in self._work:
-            self._work[(plan.micro, e)] = [_unit_work(u, plan.micro, e) for u in pieces]
-        work = self._work[(plan.micro, e)]
         best, best_step = None, None
-        tried = set()
-        # A range's cost is the sum of its units' (stage_cost adds use by use, and tp_uses walks each unit from an
-        # unsharded input: equal to pricing the range whole up to float rounding, except that a vocabulary-parallel
-        # loss priced as a unit of its own runs unsplit), so a candidate costs additions.
-        cost = self._summed_cost
-        for flops_per_byte, flops_per_param in BALANCE_WEIGHTS:
-            costs = tuple(f + flops_per_byte * b + flops_per_param * p for f, b, p in work)
-            if (costs, plan.pp) not in self._splits:
-                self._splits[(costs, plan.pp)] = balanced_partition(list(costs), plan.pp)
-            split = tuple(self._splits[(costs, plan.pp)])
-            if split in tried:
-                continue
-            tried.add(split)
-            staged = self._staged([pieces[i:j] for i, j in split], plan, dtype, e, cost)
-            step = float(self._combine(plan, dtype, e, staged, plan.micro_batches, plan.virtual_stages)[0])
+        memo: dict[tuple, Any] = {}  # what _combine prices per stage, for this plan: the candidates share stages
+        for split in self._candidate_splits(plan.micro, e, plan.pp):
+            stages, params, boundary = self._summed_split(split, plan, dtype, e)
+            staged = stages, self._slowest_of(stages, plan, dtype), params, boundary
+            step = float(self._combine(plan, dtype, e, staged, plan.micro_batches, plan.virtual_stages, memo)[0])
             if best_step is None or step < best_step:
                 best, best_step = split, step
         # the chosen split priced whole: a stage walked unit by unit would run the vocabulary-parallel loss unsplit
-        return self._staged([pieces[i:j] for i, j in best], plan, dtype, e)
+        nodes = [self.units[i:j] for i, j in best]
+        return self._staged(nodes, plan, dtype, e, [self._cost_of(n, plan, dtype, e, self._range(i, j))
+                                                    for n, (i, j) in zip(nodes, best, strict=True)])
 
-    def _summed_cost(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
-        key = ("summed", tuple(nodes), *_stage_cost_key(plan, dtype))
+    def _summed_split(self, split: Split, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], Any, Any]:
+        """(stages, most parameters, largest boundary) of a candidate split, each stage the sum of its units' costs
+        (_range_cost), memoised per split and stage-cost key: the plans of one shape (ZeRO 0 and 1) share them. A
+        range's cost is the sum of its units' (stage_cost adds use by use, and tp_uses walks each unit from an
+        unsharded input: equal to pricing the range whole up to float rounding, except that a vocabulary-parallel
+        loss priced as a unit of its own runs unsplit), so a candidate costs additions."""
+        stage_key = _stage_cost_key(plan, dtype)
+        key = ("summed", split, *stage_key)
         if key not in self._cost:
-            parts = [self._cost_of([node], plan, dtype, e) for node in nodes]
-            total = parts[0]
-            for part in parts[1:]:
-                total = total + part
-            self._cost[key] = total
+            stages = [self._range_cost(i, j, plan, dtype, e, stage_key) for i, j in split]
+            self._cost[key] = stages, max(s.params for s in stages), \
+                self._boundary([self.units[i:j] for i, j in split])
         return self._cost[key]
 
-    def _cost_of(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
-        key = (tuple(nodes), *_stage_cost_key(plan, dtype))
+    def _candidate_splits(self, micro: int, e: int, pp: int) -> list[Split]:
+        """The distinct splits that balance BALANCE_WEIGHTS' unit weights over pp stages, first found first (the
+        order _balanced breaks ties in). They depend on the model, micro-batch, element size and pp alone, so
+        every plan of that shape tries the same ones: made once."""
+        key = (micro, e, pp)
+        if key not in self._splits:
+            if (micro, e) not in self._work:
+                self._work[(micro, e)] = [_unit_work(u, micro, e) for u in self.units]
+            work = self._work[(micro, e)]
+            splits: list[Split] = []
+            for flops_per_byte, flops_per_param in BALANCE_WEIGHTS:
+                costs = [f + flops_per_byte * b + flops_per_param * p for f, b, p in work]
+                split = tuple(balanced_partition(costs, pp))
+                if split not in splits:
+                    splits.append(split)
+            self._splits[key] = splits
+        return self._splits[key]
+
+    def _range_cost(self, i: int, j: int, plan: Plan, dtype: str, e: int, stage_key: tuple) -> StageCost:
+        """The units i..j-1's stage costs added left to right, memoised per range content (equal ranges are one
+        object, as stage_cost's memo keyed by the nodes makes them; _combine prices each distinct stage once).
+        A range extends the longest one already summed from i: the same parts added in the same order, so the
+        same floats as adding all j-i afresh, at one addition per new range. `stage_key` is
+        _stage_cost_key(plan, dtype)."""
+        ids = self._unit_ids
+        start = j
+        while start > i + 1 and ("range", ids[i:start], *stage_key) not in self._cost:
+            start -= 1
+        total = self._cost[("range", ids[i:start], *stage_key)] if start > i + 1 else \
+            self._cost_of(self.units[i:i + 1], plan, dtype, e, self._range(i, i + 1))
+        for k in range(start, j):
+            total = total + self._cost_of(self.units[k:k + 1], plan, dtype, e, self._range(k, k + 1))
+            self._cost[("range", ids[i:k + 1], *stage_key)] = total
+        return total
+
+    def _range(self, i: int, j: int) -> tuple:
+        """What identifies the units i..j-1 to the stage memos (`content`): their _unit_ids, which hash faster than
+        the nodes and are equal for equal ranges."""
+        return ("units", self._unit_ids[i:j])
+
+    def _cost_of(self, nodes: list[Any], plan: Plan, dtype: str, e: int, content: tuple | None = None) -> StageCost:
+        """stage_cost of `nodes`, memoised per nodes (or `content`, `_range`'s key for a range of units) and
+        stage-cost key."""
+        key = (tuple(nodes) if content is None else content, *_stage_cost_key(plan, dtype))
         if key not in self._cost:
-            self._cost[key] = stage_cost(self._tp_uses(nodes, plan), plan.micro, e, self._hw_for(plan), dtype, plan.tp,
-                                         plan.sequence_parallel, plan.recompute, self._tp_comm(plan.tp),
-                                         self.fp8, plan.tp_overlap, _parallel(self.comm, self.hw, plan, dtype),
-                                         self._kernel_times, self._policy(plan), plan.memory_format == "nchw",
-                                         plan.fp8_scaling, plan.mx_swizzle, _graphs(plan), plan.fp8_weight_transpose)
+            self._cost[key] = stage_cost(self._tp_uses(nodes, plan, content), plan.micro, e, self._hw_for(plan),
+                                         dtype, plan.tp, plan.sequence_parallel, plan.recompute,
+                                         self._tp_comm(plan.tp), self.fp8, plan.tp_overlap,
+                                         self._parallel(plan, dtype), self._kernel_times, self._policy(plan),
+                                         plan.memory_format == "nchw", plan.fp8_scaling, plan.mx_swizzle,
+                                         _graphs(plan), plan.fp8_weight_transpose)
         return self._cost[key]
 
-    def _tp_uses(self, nodes: list[Any], plan: Plan) -> list[Any]:
-        """The nodes' layer uses as tensor parallelism shards them (tp_uses), memoised per nodes and sequence
-        parallelism."""
-        key = (tuple(nodes), plan.sequence_parallel)
+    def _parallel(self, plan: Plan, dtype: str) -> Parallel | None:
+        """_parallel for the plan, made once per stage-cost key (which holds all it reads: tp, dtype, _ep_cp_key)."""
+        key = _stage_cost_key(plan, dtype)
+        if key not in self._par:
+            self._par[key] = _parallel(self.comm, self.hw, plan, dtype)
+        return self._par[key]
+
+    def _tp_uses(self, nodes: list[Any], plan: Plan, content: tuple | None = None) -> list[Any]:
+        """The nodes' layer uses as tensor parallelism shards them (tp_uses), memoised per nodes (or `content`, as
+        in _cost_of) and sequence parallelism."""
+        key = (tuple(nodes) if content is None else content, plan.sequence_parallel)
         if key not in self._uses:
             self._uses[key] = tp_uses(nodes, plan.sequence_parallel)
         return self._uses[key]
@@ -276,14 +339,14 @@ class StepModel:
         held = self._holds[key]
         return self.stages(plan, dtype, e)[0] if held is None else held
 
-    def _held_by(self, nodes: list[Any], plan: Plan, dtype: str, e: int) -> StageCost:
+    def _held_by(self, nodes: list[Any], plan: Plan, dtype: str, e: int, content: tuple | None = None) -> StageCost:
         """stage_memory of one stage, memoised as _cost_of memoises its stage_cost (a pipeline's middle stages
         hold the same layers)."""
-        key = ("held", tuple(nodes), *_stage_cost_key(plan, dtype))
+        key = ("held", tuple(nodes) if content is None else content, *_stage_cost_key(plan, dtype))
         if key not in self._cost:
-            self._cost[key] = stage_memory(self._tp_uses(nodes, plan), plan.micro, e, dtype, plan.tp,
+            self._cost[key] = stage_memory(self._tp_uses(nodes, plan, content), plan.micro, e, dtype, plan.tp,
                                            plan.sequence_parallel, plan.recompute, self.fp8,
-                                           _parallel(self.comm, self.hw, plan, dtype), self._policy(plan))
+                                           self._parallel(plan, dtype), self._policy(plan))
         return self._cost[key]
 
     def _policy(self, plan: Plan) -> ActivationPolicy | None:
@@ -423,19 +486,25 @@ class StepModel:
         return mem.per_device(self.model, self.hw, plan, stages, dtype, flight)
 
     def _combine(self, plan: Plan, dtype: str, e: int, staged: tuple[list[StageCost], StageCost, Any, Any], m: Any,
-                 v: Any) -> tuple[Any, dict[str, Any], StageCost, int]:
-        """(step, breakdown, slowest stage, staleness) of the staged plan: its time only (`_memory` its memory)."""
+                 v: Any, memo: dict[tuple, Any] | None = None) -> tuple[Any, dict[str, Any], StageCost, int]:
+        """(step, breakdown, slowest stage, staleness) of the staged plan: its time only (`_memory` its memory).
+        `memo` keeps each stage's passes and data-parallel time for more splits of the same plan, m and v (keyed by
+        the stage objects, which the stage memos keep alive)."""
         if plan.schedule == "dualpipe":
             return self._dualpipe(plan, dtype, e, staged, m)
         stages, slow, params, boundary = staged
-        passes = {key: self._passes(plan, s, dtype, m) for key, s in {id(s): s for s in stages}.items()}
+        memo = {} if memo is None else memo
+        for s in stages:
+            if ("passes", id(s)) not in memo:
+                memo[("passes", id(s))] = self._passes(plan, s, dtype, m)
+        passes = {id(s): memo[("passes", id(s))] for s in stages}
         t, share = passes[id(slow)], recompute_share(plan, m)
         busy, _, p2p = schedule_time(t.fwd, t.bwd, self._p2p_time(plan, e, boundary), m, plan.pp, v,
                                      _p2p_contention(self.hw, plan))
         # Fill and drain: the first micro-batch's forward and the last one's backward cross every other stage once
         # (per model chunk with interleaving), at that stage's own pace; the slowest stage sets the steady state.
         bubble = (sum(passes[id(s)].fwd + passes[id(s)].bwd for s in stages) - (t.fwd + t.bwd)) / v
-        dp_total, dp_exposed = self._dp_over_stages(plan, stages, slow, dtype, m)
+        dp_total, dp_exposed = self._dp_over_stages(plan, stages, slow, dtype, m, memo=memo)
         optimizer = self._update_time(plan, plan, dtype, params, max(stages, key=lambda s: s.params).expert_params)
         metric_sync = metric_sync_time(self.metrics, self.hw, plan, self.comm)
         compute = busy + bubble + p2p
@@ -566,8 +635,8 @@ class StepModel:
         slower = self._slower(plan)
         if slower == 0:
             return stage
-        return replace(stage, forward=stage.forward * (1 + slower), backward=stage.backward * (1 + slower),
-                       recompute=stage.recompute + slower * stage.recompute_kernels)
+        return stage.with_(forward=stage.forward * (1 + slower), backward=stage.backward * (1 + slower),
+                           recompute=stage.recompute + slower * stage.recompute_kernels)
 
     def _straggler_time(self, plan: Plan, stage: StageCost, share: Any) -> Any:
         """Seconds per micro-batch by which `_straggling` lengthens the stage's kernels: the breakdown's
@@ -591,7 +660,8 @@ class StepModel:
         return self._p2p[key]
 
     def _dp_over_stages(self, plan: Plan, stages: list[StageCost], slow: StageCost, dtype: str,
-                        m: Any, twins: list[Twin] | None = None) -> tuple[Any, Any]:
+                        m: Any, twins: list[Twin] | None = None, memo: dict[tuple, Any] | None = None
+                        ) -> tuple[Any, Any]:
         """(total, exposed) data-parallel communication of the step: every stage synchronises its own
         parameters with its own replicas at the same time, so the step waits for the slowest of them, which
         need not be the stage slowest to compute (a VGG's fully connected stage holds 99% of the parameters:
@@ -599,10 +669,14 @@ class StepModel:
         larger allreduce, issue #15). Every stage hides its traffic behind the pipeline's pace, the slowest
         stage's passes, not its own: a faster stage waits for its neighbours while its collectives run (and
         pricing its own shorter passes let faster hardware expose more traffic than it saves). `twins` places
-        each DualPipe rank's group (`_twin_starts`)."""
+        each DualPipe rank's group (`_twin_starts`); `memo` is _combine's."""
         placed = {id(s): (s, t) for s, t in zip(stages, twins or [None] * len(stages), strict=True)}
-        distinct = [(self._paced(s, slow), t) for s, t in placed.values()]
-        parts = [_dp_with_micro_batches(self._dp_time(plan, s, dtype, t), m) for s, t in distinct]
+        memo = {} if memo is None else memo
+        for s, t in placed.values():
+            if ("dp", id(s), id(slow), t) not in memo:
+                memo[("dp", id(s), id(slow), t)] = _dp_with_micro_batches(
+                    self._dp_time(plan, self._paced(s, slow), dtype, t), m)
+        parts = [memo[("dp", id(s), id(slow), t)] for s, t in placed.values()]
         return mathx.maximum(*(t for t, _ in parts)), mathx.maximum(*(x for _, x in parts))
 
     def _paced(self, stage: StageCost, slow: StageCost) -> StageCost:
