@@ -23,11 +23,12 @@ def _evaluator(model: Any, hw: Any) -> Any:
 
 
 def _fitting(evaluator: Any, plan: Plan, limit: float) -> Any:
-    """The plan's prediction if it fits in `limit` bytes per device, else None (as for a plan its rules refuse):
-    its memory is read first, without pricing its time (StepModel.fitting_timeline), as search screens plans."""
+    """The plan's Timeline if it fits in `limit` bytes per device, else None (as for a plan its rules refuse): its
+    memory is read first, without pricing its time (StepModel.fitting_timeline), as search screens plans, and a
+    plan whose pipeline split is chosen by pricing is not priced when none of its candidate splits fits
+    (StepModel.may_fit)."""
     try:
-        _, timeline = evaluator.fitting_timeline(plan, limit)
-        return None if timeline is None else evaluator.prediction(timeline)
+        return evaluator.fitting_timeline(plan, limit)[1] if evaluator.may_fit(plan, limit) else None
     except DlperfError:
         return None
 
@@ -98,14 +99,18 @@ def expert_degrees(model: Any, base: Plan, dp: int) -> list[int]:
 
 def best_plan(model: Any, hw: Any, base: Plan, zero1: str | None = None,
               evaluator: Any = None) -> tuple[Plan | None, Any]:
-    """The fastest of hybrid_candidates that fits (ties: the first, ZeRO 0 before ZeRO-1), and its prediction."""
-    best, best_result = None, None
+    """The fastest of hybrid_candidates that fits (ties: the first, ZeRO 0 before ZeRO-1), and its prediction.
+    Candidates are compared by their Timelines; only the chosen one's Prediction (its FLOP rates) is made."""
     evaluator = evaluator or _evaluator(model, hw)
-    for plan in hybrid_candidates(model, hw, base, zero1):
-        result = _fitting(evaluator, plan, hw.device.memory)
-        if result is not None and (best_result is None or result.step_time_s < best_result.step_time_s):
-            best, best_result = plan, result
-    return best, best_result
+    timelines = [t for t in (_fitting(evaluator, plan, hw.device.memory)
+                             for plan in hybrid_candidates(model, hw, base, zero1)) if t is not None]
+    while timelines:
+        best = min(timelines, key=lambda t: t.step_time_s)  # the first of the fastest
+        try:
+            return best.plan, evaluator.prediction(best)
+        except DlperfError:  # passed over, as a plan whose prediction its rules refuse always was
+            timelines = [t for t in timelines if t is not best]
+    return None, None
 
 
 def default_plan(model: Any, hw: Any, base: Plan, notes: list[str],
