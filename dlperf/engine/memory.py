@@ -100,17 +100,22 @@ def _fp8_copy_bytes(plan: Plan, dtype: str) -> float:
 
 
 def per_device(model: Model, hw: Hardware, plan: Plan, stages: list[StageCost], dtype: str,
-               micro_batches_in_flight: float) -> dict[str, Any]:
+               micro_batches_in_flight: float, held: dict[tuple, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Memory of the fullest device: the most model-state bytes of any stage, and the most activations any stage
     holds. Under 1F1B stage s keeps min(m, pp - s) micro-batches (the first the most), under GPipe all m; a
     stage with one huge layer can hold more than the first even so, so every stage is counted (issue #15:
     a 698 TiB attention layer on the last of 4 stages was reported as 260 KiB that fits). When the two maxima
     fall on different stages their sum is an upper bound. The stage with the most parameters need not hold the
     most state bytes: an FP8 layer's parameter carries its FP8 copies and the embedding's not, and the routed
-    experts shard over fewer ranks than the dense weights."""
+    experts shard over fewer ranks than the dense weights. `held` keeps each distinct stage's model states for
+    more calls on the same plan and dtype (StepModel.may_fit weighs many pipeline splits of one plan)."""
     # stages alike in what they hold (a pipeline's middle stages) are priced once
-    distinct = {(s.params, s.expert_params, s.fp8_params): s for s in stages}.values()
-    states = max((_states(s, plan, dtype) for s in distinct), key=lambda held: sum(held.values()))
+    held = {} if held is None else held
+    for s in stages:
+        if (s.params, s.expert_params, s.fp8_params) not in held:
+            held[(s.params, s.expert_params, s.fp8_params)] = _states(s, plan, dtype)
+    distinct = dict.fromkeys((s.params, s.expert_params, s.fp8_params) for s in stages)  # in the stages' order
+    states = dict(max((held[key] for key in distinct), key=lambda states: sum(states.values())))
     if plan.recompute in ("full", "except_last"):
         # keep each block's input; during backward one block's full activations are rebuilt at a time
         # Korthikanti et al. 2022, Table 2: the stored layer inputs are 2sbh, divided by t only with sequence

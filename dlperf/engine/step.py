@@ -212,15 +212,10 @@ class StepModel:
 
     def _slowest_of(self, stages: list[StageCost], plan: Plan, dtype: str) -> StageCost:
         """The stage whose passes last longest, counting its gradient accumulation, which grows with its
-        parameters, not its work (the first of equals). Equal stages are one object (the stage memos): timed once."""
-        paces: dict[int, Any] = {}
-
-        def pace(stage: StageCost) -> Any:
-            if id(stage) not in paces:
-                paces[id(stage)] = stage.pass_time(_grad_accumulation(self.hw, plan, stage.params, dtype))
-            return paces[id(stage)]
-
-        return max(stages, key=pace)
+        parameters, not its work (the first of equals). Equal stages are one object (the stage memos), timed once:
+        the first of equals is the same stage either way."""
+        distinct = {id(s): s for s in stages}.values()  # each object at its first place
+        return max(distinct, key=lambda s: s.pass_time(_grad_accumulation(self.hw, plan, s.params, dtype)))
 
     def _balanced(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
         """The pipeline split of a model without a uniformly divisible repeated block: of the contiguous splits
@@ -240,9 +235,8 @@ class StepModel:
             if best_step is None or step < best_step:
                 best, best_step = split, step
         # the chosen split priced whole: a stage walked unit by unit would run the vocabulary-parallel loss unsplit
-        nodes = [self.units[i:j] for i, j in best]
-        return self._staged(nodes, plan, dtype, e, [self._cost_of(n, plan, dtype, e, self._range(i, j))
-                                                    for n, (i, j) in zip(nodes, best, strict=True)])
+        return self._staged([self.units[i:j] for i, j in best], plan, dtype, e, self._per_range(
+            best, lambda i, j: self._cost_of(self.units[i:j], plan, dtype, e, self._range(i, j))))
 
     def _summed_split(self, split: Split, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], Any, Any]:
         """(stages, most parameters, largest boundary) of a candidate split, each stage the sum of its units' costs
@@ -253,7 +247,7 @@ class StepModel:
         stage_key = _stage_cost_key(plan, dtype)
         key = ("summed", split, *stage_key)
         if key not in self._cost:
-            stages = [self._range_cost(i, j, plan, dtype, e, stage_key) for i, j in split]
+            stages = self._per_range(split, lambda i, j: self._range_cost(i, j, plan, dtype, e, stage_key))
             self._cost[key] = stages, max(s.params for s in stages), \
                 self._boundary([self.units[i:j] for i, j in split])
         return self._cost[key]
@@ -292,6 +286,15 @@ class StepModel:
             total = total + self._cost_of(self.units[k:k + 1], plan, dtype, e, self._range(k, k + 1))
             self._cost[("range", ids[i:k + 1], *stage_key)] = total
         return total
+
+    def _per_range(self, split: Split, stage: Callable[[int, int], StageCost]) -> list[StageCost]:
+        """stage(i, j) for each range of `split`, called once per distinct content (a pipeline's middle stages are
+        alike, and the memos behind `stage` give equal ranges one object anyway)."""
+        made: dict[tuple, StageCost] = {}
+        for i, j in split:
+            if self._unit_ids[i:j] not in made:
+                made[self._unit_ids[i:j]] = stage(i, j)
+        return [made[self._unit_ids[i:j]] for i, j in split]
 
     def _range(self, i: int, j: int) -> tuple:
         """What identifies the units i..j-1 to the stage memos (`content`): their _unit_ids, which hash faster than
@@ -353,7 +356,8 @@ class StepModel:
         """_held_by of each stage of a candidate split, memoised per split and stage-cost key (may_fit)."""
         key = ("held", split, *_stage_cost_key(plan, dtype))
         if key not in self._cost:
-            self._cost[key] = [self._held_by(self.units[i:j], plan, dtype, e, self._range(i, j)) for i, j in split]
+            self._cost[key] = self._per_range(
+                split, lambda i, j: self._held_by(self.units[i:j], plan, dtype, e, self._range(i, j)))
         return self._cost[key]
 
     def _policy(self, plan: Plan) -> ActivationPolicy | None:
@@ -424,9 +428,10 @@ class StepModel:
         e = element_bytes(dtype)
         if plan.hybrid_fc or plan in self._stages or self._partition(plan, dtype, e) is not None:
             return True
+        states: dict[tuple, dict[str, Any]] = {}  # model states per distinct stage: the splits share stages
         for split in self._candidate_splits(plan.micro, e, plan.pp):
             held = self._held_split(split, plan, dtype, e)
-            if not self._memory_of(plan, held, dtype, plan.micro_batches, plan.virtual_stages)["total"] > limit:
+            if not self._memory_of(plan, held, dtype, plan.micro_batches, plan.virtual_stages, states)["total"] > limit:
                 return True
         return False
 
@@ -505,13 +510,14 @@ class StepModel:
         dtype = self._dtype(plan)
         return self._memory_of(plan, self._held(plan, dtype, element_bytes(dtype)), dtype, m, v)
 
-    def _memory_of(self, plan: Plan, stages: list[StageCost], dtype: str, m: Any, v: Any) -> dict[str, Any]:
-        """`_memory` with the stages given (what each holds: stage_memory's fields)."""
+    def _memory_of(self, plan: Plan, stages: list[StageCost], dtype: str, m: Any, v: Any,
+                   held: dict[tuple, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """`_memory` with the stages given (what each holds: stage_memory's fields); `held` as mem.per_device's."""
         if plan.schedule == "dualpipe":
             return mem.dualpipe_per_device(self.model, self.hw, _dualpipe_group(plan), stages, dtype)
         flight = in_flight(plan.schedule, m, plan.pp, v) + (mem.paired_layer(self.model, plan) if plan.ep_overlap
                                                             else 0)
-        return mem.per_device(self.model, self.hw, plan, stages, dtype, flight)
+        return mem.per_device(self.model, self.hw, plan, stages, dtype, flight, held)
 
     def _combine(self, plan: Plan, dtype: str, e: int, staged: tuple[list[StageCost], StageCost, Any, Any], m: Any,
                  v: Any, memo: dict[tuple, Any] | None = None) -> tuple[Any, dict[str, Any], StageCost, int]:
