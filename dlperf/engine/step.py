@@ -1350,8 +1350,9 @@ def _ep_per_node(hw: Hardware, plan: Plan) -> tuple[int, int]:
 
 
 def _stage_cost_key(plan: Plan, dtype: str) -> tuple:
-    """What stage_cost reads of a plan: every memo of stage costs (StepModel.stages, _cost_of, _summed_cost) keys
-    on this one tuple, so that a field the kernels come to depend on is added once for all of them."""
+    """What stage_cost reads of a plan: every memo of stage costs (StepModel.stages, _cost_of, _held_by,
+    _range_cost, _summed_split, _held_split, _parallel) keys on this one tuple, so that a field the kernels come to
+    depend on is added once for all of them."""
     return (plan.tp, plan.sequence_parallel, plan.recompute, plan.micro, dtype, plan.tp_overlap, plan.memory_format,
             plan.fp8_scaling, plan.mx_swizzle, plan.fp8_weight_transpose, plan.cudnn, *_ep_cp_key(plan),
             *_acts_key(plan), *_graphs_key(plan))
