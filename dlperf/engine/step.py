@@ -210,12 +210,17 @@ class StepModel:
         """The largest activation crossing a stage boundary of the split `nodes`, per sample."""
         return max((numel(out_shape(n[-1], self.model.input_shape)) for n in nodes[:-1]), default=0)
 
-    def _slowest_of(self, stages: list[StageCost], plan: Plan, dtype: str) -> StageCost:
+    def _slowest_of(self, stages: list[StageCost], plan: Plan, dtype: str,
+                    memo: dict[tuple, Any] | None = None) -> StageCost:
         """The stage whose passes last longest, counting its gradient accumulation, which grows with its
         parameters, not its work (the first of equals). Equal stages are one object (the stage memos), timed once:
-        the first of equals is the same stage either way."""
+        the first of equals is the same stage either way. `memo` is _combine's (more splits of the plan)."""
+        memo = {} if memo is None else memo
         distinct = {id(s): s for s in stages}.values()  # each object at its first place
-        return max(distinct, key=lambda s: s.pass_time(_grad_accumulation(self.hw, plan, s.params, dtype)))
+        for s in distinct:
+            if ("pace", id(s)) not in memo:
+                memo[("pace", id(s))] = s.pass_time(_grad_accumulation(self.hw, plan, s.params, dtype))
+        return max(distinct, key=lambda s: memo[("pace", id(s))])
 
     def _balanced(self, plan: Plan, dtype: str, e: int) -> tuple[list[StageCost], StageCost, Any, Any]:
         """The pipeline split of a model without a uniformly divisible repeated block: of the contiguous splits
@@ -230,7 +235,7 @@ class StepModel:
         memo: dict[tuple, Any] = {}  # what _combine prices per stage, for this plan: the candidates share stages
         for split in self._candidate_splits(plan.micro, e, plan.pp):
             stages, params, boundary = self._summed_split(split, plan, dtype, e)
-            staged = stages, self._slowest_of(stages, plan, dtype), params, boundary
+            staged = stages, self._slowest_of(stages, plan, dtype, memo), params, boundary
             step = float(self._combine(plan, dtype, e, staged, plan.micro_batches, plan.virtual_stages, memo)[0])
             if best_step is None or step < best_step:
                 best, best_step = split, step
