@@ -12,10 +12,13 @@ from types import SimpleNamespace
 import pytest
 
 from dlperf.engine import predict
+from dlperf.engine.defaults import DEFAULT_SCOPE
 from dlperf.plan import Plan
 from dlperf.spec.hardware import hardware_from_dict, load_hardware
 from dlperf.spec.model import load_model
 from dlperf.units import format_quantity as q
+
+SCOPE = re.escape(f"({DEFAULT_SCOPE})")  # how a filled-in plan's note ends
 
 GPT3_MEGATRON = ("gpt3-175b", "dgx-a100", "--gpus", "1024", "--tp", "8", "--pp", "16", "--global-batch", "1536")
 
@@ -71,7 +74,7 @@ def test_the_note_says_data_parallelism_does_not_fit_and_by_how_much(run):
     notes = json.loads(out)["notes"]
     assert re.fullmatch(r"degrees not given: pure data parallelism dp=8 \(micro-batch 1, recompute none\) does not "
                         r"fit without ZeRO \([\d.]+ GiB per device of 80 GiB; [\d.]+ GiB with ZeRO-1\); chose dp=\d+ "
-                        r"tp=\d+ pp=\d+ micro-batch \d+ recompute=\w+( zero=1)? \(fastest that fits\)", notes[1]), notes
+                        r"tp=\d+ pp=\d+ micro-batch \d+ recompute=\w+( zero=1)? " + SCOPE, notes[1]), notes
 
 
 def test_degrees_left_out_try_the_distributed_optimizer(run):
@@ -85,8 +88,8 @@ def test_degrees_left_out_try_the_distributed_optimizer(run):
     assert re.fullmatch(r"degrees not given: pure data parallelism dp=8 \(micro-batch 1, recompute none\) does not "
                         r"fit without ZeRO \([\d.]+ GiB per device of [\d.]+ GiB; [\d.]+ GiB with ZeRO-1\); chose "
                         rf"dp={data['plan']['dp']} tp={data['plan']['tp']} pp={data['plan']['pp']} micro-batch "
-                        rf"{data['plan']['micro_batch']} recompute={data['plan']['recompute']} zero=1 \(fastest that "
-                        r"fits\)", data["notes"][1]), data["notes"]
+                        rf"{data['plan']['micro_batch']} recompute={data['plan']['recompute']} zero=1 " + SCOPE,
+                        data["notes"][1]), data["notes"]
     from dlperf.engine.defaults import best_plan
 
     model, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
@@ -106,7 +109,7 @@ def test_an_explicit_zero_0_keeps_the_filled_in_plan_without_zero(run):
     assert data["fits"] and data["plan"]["zero"] == 0 and data["plan"]["tp"] > 1
     assert re.fullmatch(r"degrees not given: pure data parallelism dp=8 \(micro-batch 1, recompute none\) does not "
                         r"fit \([\d.]+ GiB per device of [\d.]+ GiB\); chose dp=\d+ tp=\d+ pp=\d+ micro-batch \d+ "
-                        r"recompute=\w+ \(fastest that fits\)", data["notes"][1]), data["notes"]
+                        r"recompute=\w+ " + SCOPE, data["notes"][1]), data["notes"]
 
 
 def test_the_note_says_what_data_parallel_plan_did_not_fit_when_the_chosen_one_is_data_parallel_too(run):
@@ -120,7 +123,7 @@ def test_the_note_says_what_data_parallel_plan_did_not_fit_when_the_chosen_one_i
     assert data["plan"]["dp"] == 8 and data["plan"]["micro_batch"] == 4 and data["plan"]["recompute"] == "none"
     assert re.fullmatch(r"degrees not given: pure data parallelism dp=8 \(micro-batch 64, recompute none\) does not "
                         r"fit without ZeRO \([\d.]+ GiB per device of 80 GiB; [\d.]+ GiB with ZeRO-1\); chose dp=8 "
-                        r"tp=1 pp=1 micro-batch 4 recompute=none zero=1 \(fastest that fits\)", data["notes"][0]), \
+                        r"tp=1 pp=1 micro-batch 4 recompute=none zero=1 " + SCOPE, data["notes"][0]), \
         data["notes"]
     _, full, _ = run("predict", "gpt2-xl", "dgx-a100", "--gpus", "8", "--global-batch", "512", "--dp", "8",
                      "--micro-batch", "64", "--recompute", "full", "--format", "json")
@@ -148,8 +151,8 @@ def test_a_moe_model_that_needs_more_than_data_parallelism_still_gets_expert_par
     assert data["plan"]["ep"] > 1 and data["fits"]
     assert re.fullmatch(r"degrees not given: pure data parallelism dp=16( ep=\d+)? \(micro-batch 1, recompute none\) "
                         r"does not fit without ZeRO \([\d.]+ GiB per device of [\d.]+ GiB; [\d.]+ GiB with ZeRO-1\); "
-                        r"chose dp=\d+ tp=\d+ pp=\d+ ep=\d+ micro-batch \d+ recompute=\w+( zero=1)? \(fastest that "
-                        r"fits\)", data["notes"][1]), data["notes"]
+                        r"chose dp=\d+ tp=\d+ pp=\d+ ep=\d+ micro-batch \d+ recompute=\w+( zero=1)? " + SCOPE,
+                        data["notes"][1]), data["notes"]
 
 
 # ------------------------------------------------------------------------------ 2. does not fit, loudly
