@@ -152,10 +152,32 @@ def test_folded_experts_drop_the_layers_tensor_parallel_collectives_but_the_shar
     for name, kept in (("mixtral-8x7b", False), ("deepseek", True)):
         model = _deepseek() if name == "deepseek" else load_model(name)
         use = next(u for u in tp_uses(model, sp=True) if u.layer.op == "moe")
-        split, folded = (stage_cost([use], 1, 2, hw, "bf16", tp, True, "none", tp_time, par=Parallel(ep=1, etp=etp))
-                         for etp in (None, 1))
-        assert split.tp_comm_fwd > 0
-        assert (folded.tp_comm_fwd, folded.tp_comm_bwd) == ((split.tp_comm_fwd, split.tp_comm_bwd) if kept else (0, 0))
+        split, folded, dense_pair = (
+            stage_cost([use], 1, 2, hw, "bf16", tp, True, "none", tp_time, par=Parallel(ep=1, etp=etp, ep_dispatcher=d))
+            for etp, d in ((None, "alltoall"), (1, "alltoall"), (None, "hybridep")))
+        assert split.tp_comm_fwd > dense_pair.tp_comm_fwd > 0  # the routed copies' gather is top_k times wider
+        assert (folded.tp_comm_fwd, folded.tp_comm_bwd) == (
+            (dense_pair.tp_comm_fwd, dense_pair.tp_comm_bwd) if kept else (0, 0))
+
+
+def test_split_experts_gather_the_routed_copies_over_tp():
+    """At expert tp = tp the all-to-all dispatcher all-gathers the routed copies and their fp32 probabilities over
+    the tp group after the all-to-all and reduce-scatters the routed outputs (token_dispatcher.py @92c8482e:676-701):
+    top_k times a dense layer's hidden-state pair, plus the shared experts' pair; the flex dispatchers keep the
+    dense pair (they send over the tp x ep ranks themselves)."""
+    from dlperf.engine.stage import _tp_collectives
+    from dlperf.ops.base import numel
+
+    for name in ("mixtral-8x7b", "deepseek"):
+        model = _deepseek() if name == "deepseek" else load_model(name)
+        use = next(u for u in tp_uses(model, sp=True) if u.layer.op == "moe")
+        layer, dense = use.layer, use.comm
+        k, tokens = layer["top_k"], numel(layer.in_shape[:-1])
+        routed = _tp_collectives(use, 1, "alltoall").comm
+        expected = tuple((p, op, k * n) for p, op, n in dense) + (
+            ("fwd", "allgather", 2 * k * tokens), ("bwd", "reduce_scatter", 2 * k * tokens))
+        assert routed == expected + (dense if layer["shared_experts"] else ())
+        assert _tp_collectives(use, 1, "deepep") == _tp_collectives(use, 1, "hybridep") == use
 
 
 @pytest.mark.parametrize("constant", CONSTANTS)

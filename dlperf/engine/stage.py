@@ -23,7 +23,7 @@ from dlperf.engine.device import dispatch_times, kernel_times
 from dlperf.engine.layers import Use
 from dlperf.engine.overlap import exposed
 from dlperf.ops import OPS
-from dlperf.ops.base import Kernel
+from dlperf.ops.base import Kernel, numel
 from dlperf.ops.conv import TENSOR_CORE_DTYPES, algorithm_kernel, applicable, layout_transpose_kernel
 from dlperf.ops.dense import qkv_split_for_rank, quadratic_attention_bytes, softmax_for_rank
 from dlperf.ops.elementwise import XLA_SOFTMAX_KERNELS
@@ -253,8 +253,8 @@ def stage_cost(uses: list[Use], batch: Any, e: int, hw: Hardware, dtype: str, tp
         if par.active:
             _add_ep_cp(out, use, batch, e, tp, recompute, par, core, hw.device, 0.0 if graphs.full else 1.0)
         if tp > 1:
-            _add_tp_comm(out, _tp_collectives(use, fold), batch / par.cp, e, tp, recompute, comm_time,
-                         gemm if tp_overlap else None, hw.device, collectives)
+            _add_tp_comm(out, _tp_collectives(use, fold, par.ep_dispatcher), batch / par.cp, e, tp, recompute,
+                         comm_time, gemm if tp_overlap else None, hw.device, collectives)
         _add_held(out, use, batch, e, dtype, tp, sp, recompute, in_fp8, par, acts)
     if graphs.scopes:
         fwd_replays, bwd_replays = replays(graphs, uses)
@@ -452,15 +452,30 @@ def _fold(use: Use, tp: int, par: Parallel) -> int:
     return tp // par.etp
 
 
-def _tp_collectives(use: Use, fold: int) -> Use:
-    """The use with the tensor-parallel collectives it runs. A MoE layer's (an all-gather of its sequence-parallel
-    input and a reduce-scatter of its output, each way) stand for the experts' and the shared experts'; with the
-    experts folded (`_fold`) the shared experts alone keep them, a dense MLP on the dense layers' tensor-parallel
-    group (SharedExpertMLP passes `tp_group=pg_collection.tp`, moe/shared_experts.py @92c8482e:52), so a layer
-    without shared experts runs none."""
-    if fold == 1 or use.layer["shared_experts"]:
+def _tp_collectives(use: Use, fold: int, dispatcher: str) -> Use:
+    """The use with the tensor-parallel collectives it runs. A dense layer's are its own (layers._tp_layer). A MoE
+    layer's, under sequence parallelism with the experts split tp ways (Megatron-Core's default expert tp = tp),
+    are the all-to-all dispatcher's: after the expert-parallel all-to-all it all-gathers the *routed* copies and
+    their probabilities over the tensor-parallel group, and the combine reduce-scatters the experts' routed outputs
+    (MoEAlltoAllTokenDispatcher.dispatch_postprocess and combine_preprocess, gather_from_sequence_parallel_region /
+    reduce_scatter_to_sequence_parallel_region, moe/token_dispatcher.py @92c8482e:676-701), top_k times the bytes of
+    a dense layer's hidden-state all-gather, plus the shared experts' own all-gather and reduce-scatter (a dense MLP,
+    SharedExpertMLP on the tensor-parallel group, moe/shared_experts.py @92c8482e:52). The flex dispatchers (DeepEP,
+    HybridEP) send over the tp x ep ranks themselves and keep the dense pair as before. With the experts folded
+    (`_fold`) the shared experts alone keep the dense pair, so a layer without shared experts runs none."""
+    layer = use.layer
+    if layer.op != "moe":
         return use
-    return replace(use, comm=())
+    if fold > 1:
+        return use if layer["shared_experts"] else replace(use, comm=())
+    pairs = tuple(c for c in use.comm if c[1] in ("allgather", "reduce_scatter"))
+    if dispatcher != "alltoall" or not pairs:
+        return use
+    k = layer["top_k"]
+    probs = 2 * k * numel(layer.in_shape[:-1])  # one fp32 probability per routed copy, in 16-bit elements
+    routed = tuple((phase, op, k * n) for phase, op, n in pairs)
+    routed += (("fwd", "allgather", probs), ("bwd", "reduce_scatter", probs))
+    return replace(use, comm=routed + (pairs if layer["shared_experts"] else ()))
 
 
 def _add_tp_comm(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute: str, comm_time: Any,
