@@ -160,3 +160,17 @@ def test_resnet50_one_a100_amp_slows_to_the_carried_over_conv_rate() -> None:
     plan = Plan(global_batch=256, dtype="fp16")
     carried, gemm = (StepModel(model, h).predict(plan).step_time_s for h in (hw, gemm_only))
     assert 1.05 < carried / gemm < 1.5
+
+
+def test_show_says_where_the_convolution_rate_comes_from() -> None:
+    """`dlperf show` names the carried-over ratio only where it applies: not on P100 (no matrix units) nor on a
+    file with its own convolution curve."""
+    from dlperf.commands.catalog import _efficiency_rows
+
+    def conv_row(name: str) -> str:
+        rows = _efficiency_rows(load_hardware(name).device)
+        return next(r["value"] for r in rows if r["item"].startswith("convolution rate"))
+
+    assert "cuDNN-over-GEMM ratio" in conv_row("dgx-a100")
+    assert "cuDNN-over-GEMM ratio" not in conv_row("p100-roce")
+    assert "none measured" not in conv_row("dgx1-v100")

@@ -75,7 +75,7 @@ _BORROWED = {"matmul": "the 16-bit curve's", "matmul/fp8": "the per-tensor FP8 c
 def _borrowed(device, cls: str, dtype: str | None) -> str:  # noqa: ANN001 - Device, imported lazily
     """', ... none measured' when the class has no measured curve of its own for this dtype, else ''."""
     key = device.curve_key(cls, dtype)
-    if cls == "conv" and not key.startswith("conv") and device.eff(cls, dtype) is not device.eff(key):
+    if cls == "conv" and device.derived_conv(dtype, key):
         return ", the GEMM curve's x V100's cuDNN-over-GEMM ratio: none measured"
     if key not in device.efficiency:
         return ", dlperf's default: none measured"

@@ -258,10 +258,11 @@ class Device:
     cudnn_curves: tuple[tuple[tuple[int, ...], str, Efficiency], ...] = ()
     cudnn: str | None = None
     dtype_curves: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
+    # the convolution curves derived from GEMM curves (_conv_from_gemm), one per GEMM curve key
+    derived_convs: dict[str, Efficiency] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype_curves", frozenset(k for k in self.efficiency if "/" in k))
-        object.__setattr__(self, "_derived_conv", {})
 
     def for_cudnn(self, version: str | None) -> Device:
         """This device with its fused-attention curve (attention_fa3) measured at the cuDNN `version` a plan runs
@@ -311,19 +312,22 @@ class Device:
         else:
             peak, half, startup = DEFAULT_EFFICIENCY[key]
             curve = Efficiency(peak, half, "dlperf default", startup)
-        if kernel_class == "conv" and not key.startswith("conv") and self._matrix_conv(dtype):
+        if kernel_class == "conv" and self.derived_conv(dtype, key):
             return self._conv_from_gemm(key, curve)
         return curve
 
-    def _matrix_conv(self, dtype: str | None) -> bool:
-        """Whether a convolution in `dtype` runs on matrix units (CONV_OVER_GEMM applies)."""
+    def derived_conv(self, dtype: str | None, key: str | None = None) -> bool:
+        """Whether a convolution in `dtype` runs on a GEMM curve scaled by CONV_OVER_GEMM: the file measures no
+        convolution curve for it (`key`: its curve_key, when the caller has it) and it runs on matrix units."""
+        key = self.curve_key("conv", dtype) if key is None else key
         sixteen = max(self.peak_flops.get("fp16", 0.0), self.peak_flops.get("bf16", 0.0))
-        return dtype in CONV_MATRIX_DTYPES and sixteen >= MATRIX_UNIT_SPEEDUP * self.peak_flops["fp32"]
+        return (not key.startswith("conv") and dtype in CONV_MATRIX_DTYPES
+                and sixteen >= MATRIX_UNIT_SPEEDUP * self.peak_flops["fp32"])
 
     def _conv_from_gemm(self, key: str, gemm: Efficiency) -> Efficiency:
         """A tensor-core convolution's curve where the file measures none: the GEMM curve `key` at CONV_OVER_GEMM
         of its asymptote, V100's convolution startup, no tiles (memoised per curve: the engine asks per kernel)."""
-        derived = self._derived_conv  # type: ignore[attr-defined]
+        derived = self.derived_convs
         if key not in derived:
             derived[key] = Efficiency(
                 gemm.peak * CONV_OVER_GEMM, 0.0,
