@@ -305,7 +305,8 @@ def _check_impls(plan: Plan) -> None:
 
 def _check_dp_impl(plan: Plan) -> None:
     """Horovod is priced for what its TensorFlow frontend offers: an allreduce of whole gradients (no ZeRO, no
-    parameter server) with Compression.none or Compression.fp16, over a flat data-parallel group."""
+    parameter server) with Compression.none or Compression.fp16, over a flat data-parallel group; post-backward
+    likewise whole, uncompressed and flat (_check_post_backward)."""
     from dlperf.comm.compression import parse_compression
     from dlperf.engine.horovod import SCHEMES
 
@@ -317,8 +318,7 @@ def _check_dp_impl(plan: Plan) -> None:
                         found=f"zero {plan.zero}, parameter_server {plan.parameter_server}")
     if plan.dp_impl == "post-backward":
         _check_post_backward(plan)
-        return
-    if parse_compression(plan.compression) not in [parse_compression(name) for name in SCHEMES]:
+    elif parse_compression(plan.compression) not in [parse_compression(name) for name in SCHEMES]:
         raise PlanError(f"dp_impl {plan.dp_impl} compresses with Compression.none or Compression.fp16",
                         expected="compression " + " or ".join(SCHEMES), found=plan.compression)
     if plan.cp > 1 or plan.ep > 1 or folded(plan):
@@ -327,17 +327,14 @@ def _check_dp_impl(plan: Plan) -> None:
 
 
 def _check_post_backward(plan: Plan) -> None:
-    """A post-backward all-reduce runs after the backward pass (never overlapped), uncompressed, over one flat
-    data-parallel group (dlperf.engine.post_backward)."""
+    """A post-backward all-reduce runs after the backward pass (never overlapped), uncompressed (dlperf.engine.
+    post_backward); over one flat data-parallel group, as Horovod's (_check_dp_impl)."""
     if plan.overlap:
         raise PlanError("dp_impl post-backward all-reduces after the backward pass: nothing overlaps it",
                         expected="overlap false or unset", found=plan.overlap)
     if plan.compression != "none":
         raise PlanError("dp_impl post-backward all-reduces uncompressed gradients", expected="compression none",
                         found=plan.compression)
-    if plan.cp > 1 or plan.ep > 1 or folded(plan):
-        raise PlanError("dp_impl post-backward is priced for a flat data-parallel group",
-                        expected="cp = ep = 1, etp = tp", found=f"cp={plan.cp} ep={plan.ep}{_etp(plan)}")
 
 
 def _check_activation_knobs(plan: Plan) -> None:

@@ -143,8 +143,8 @@ def search(model: str, hardware: str, sets: tuple[str, ...], devices: str, globa
     # where ep 1 is a choice (a dense model's ep is 1, its dispatcher unused, whatever the plan)
     extra = ["cp"] if any(r["cp"] > 1 for r in rows) else []
     if has_experts(spec) and any(r["ep"] > 1 or r["cp"] > 1 for r in rows):
-        extra += ["ep", "etp", "ep_overlap", "ep_dispatcher"] if any(r["etp"] != r["tp"] for r in rows) else [
-            "ep", "ep_overlap", "ep_dispatcher"]
+        folds = any(r["etp"] != r["tp"] for r in rows)  # an etp column only where some plan folds its experts
+        extra += ["ep", *(["etp"] if folds else []), "ep_overlap", "ep_dispatcher"]
     plan_cols = plan_cols[:4] + extra + plan_cols[4:]
     if any(r["recompute_modules"] for r in rows):
         plan_cols.insert(plan_cols.index("recompute") + 1, "recompute_modules")
