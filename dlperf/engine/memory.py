@@ -274,7 +274,7 @@ def root_unit_params(model: Model, plan: Plan) -> Any:
 
 
 def blocks_in_stage(model: Model, plan: Plan) -> int:
-    return sum(b.repeat for b in _blocks(model)) // plan.pp or 1
+    return sum(b.layer_count for b in _blocks(model)) // plan.pp or 1
 
 
 def _block_inputs(model: Model, plan: Plan, dtype: str) -> float:
@@ -288,6 +288,6 @@ def _block_inputs(model: Model, plan: Plan, dtype: str) -> float:
     blocks = _blocks(model)
     for item in model.root.items:
         if item in blocks:
-            total += e * numel(shape) * item.repeat / plan.pp
+            total += e * numel(shape) * item.layer_count / plan.pp
         shape = out_shape(item, shape)
     return total

@@ -38,18 +38,24 @@ def _open(items: tuple[Any, ...] | list[Any], top: bool = False) -> list[Any]:
 
 
 def uniform_partition(model: Model, pp: int) -> list[list[Any]] | None:
-    """Megatron-LM's split: the largest repeated block divided evenly, what comes before it on the first stage,
-    what comes after on the last. None when that block's repeat count is not a multiple of pp."""
+    """Megatron-LM's split: the largest repeated block's layers divided evenly, what comes before it on the first
+    stage, what comes after on the last. None when that block's layer count is not a multiple of pp. A block of
+    several layers (Seq.layers_per_repeat) may be cut between them: Megatron-Core gives each stage num_layers / pp
+    consecutive layers (transformer_block.py get_num_layers_to_build), whatever their kinds."""
     items = model.root.items
     repeated = [i for i, item in enumerate(items) if isinstance(item, Seq) and item.repeat > 1]
     if not repeated:
         return None
-    index = max(repeated, key=lambda i: items[i].repeat)
+    index = max(repeated, key=lambda i: items[i].layer_count)
     block = items[index]
-    if block.repeat % pp:
+    if block.layer_count % pp:
         return None
-    per_stage = block.repeat // pp
-    stages = [[Seq(block.items, 1, block.name)] * per_stage for _ in range(pp)]
+    per_stage = block.layer_count // pp
+    kinds = block.layers_per_repeat
+    width = len(block.items) // kinds
+    layers = [Seq(block.items, 1, block.name)] if kinds == 1 else \
+        [Seq(block.items[k * width:(k + 1) * width], 1, block.name) for k in range(kinds)]
+    stages = [[layers[(s * per_stage + i) % kinds] for i in range(per_stage)] for s in range(pp)]
     stages[0] = list(items[:index]) + stages[0]
     stages[-1] = stages[-1] + list(items[index + 1:])
     return stages

@@ -50,11 +50,18 @@ def _cached_hash(node: Any, key: tuple) -> int:
 
 @dataclass(frozen=True)
 class Seq:
-    """Layers in sequence, the whole run `repeat` times (shape-preserving when repeat > 1)."""
+    """Layers in sequence, the whole run `repeat` times (shape-preserving when repeat > 1). `layers_per_repeat`:
+    how many equal-length model layers one copy holds (gpt-oss-120b's block is a sliding-window and a full-attention
+    layer), which Megatron's pipeline split may separate: it divides layers, not blocks, evenly among stages."""
 
     items: tuple[Node, ...]
     repeat: int = 1
     name: str = field(default="", compare=False)
+    layers_per_repeat: int = field(default=1, compare=False)
+
+    @property
+    def layer_count(self) -> int:
+        return self.repeat * self.layers_per_repeat
 
     def __hash__(self) -> int:
         return _cached_hash(self, (self.items, self.repeat))
@@ -369,7 +376,7 @@ def _repeat(entry: dict, env: dict, ctx: _Ctx, where: str, line: int | None) -> 
 
 
 def _block_call(entry: dict, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int | None) -> Seq:
-    check_keys(entry, ("block", "repeat", "args", "name"), ctx.file, where)
+    check_keys(entry, ("block", "repeat", "args", "name", "layers_per_repeat"), ctx.file, where)
     name = entry["block"]
     if not isinstance(name, str) or name not in ctx.blocks:
         hint = closest(str(name), ctx.blocks)
@@ -394,7 +401,18 @@ def _block_call(entry: dict, shape: tuple, env: dict, ctx: _Ctx, where: str, lin
     inner = _sequence(block["layers"], shape, local, _Ctx(ctx.file, ctx.blocks, ctx.depth + 1, ctx.built),
                       f"blocks.{name}.layers", line_of(block, "layers"))
     _check_repeatable(inner, shape, repeat, where)
-    return Seq(inner.items, repeat, str(entry.get("name", name)))
+    per_repeat = _layers_per_repeat(entry, inner, ctx, where, line)
+    return Seq(inner.items, repeat, str(entry.get("name", name)), per_repeat)
+
+
+def _layers_per_repeat(entry: dict, inner: Seq, ctx: _Ctx, where: str, line: int | None) -> int:
+    """The call's `layers_per_repeat` (default 1): a count that splits the block's entries into equal layers."""
+    value = entry.get("layers_per_repeat", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or len(inner.items) % value:
+        raise SpecError(expected=f"a whole number dividing the block's {len(inner.items)} entries into equal layers",
+                        found=value, file=ctx.file, line=line_of(entry, "layers_per_repeat") or line,
+                        field=f"{where}.layers_per_repeat")
+    return value
 
 
 def _check_repeatable(seq: Seq, shape: tuple, repeat: int, where: str) -> None:
