@@ -51,9 +51,10 @@ def test_a_plan_without_cudnn_predicts_as_the_file_without_by_cudnn(hardware: st
     ("dgx-gb300", "9.18.0", "9.17.0"),     # 9.18.1 is newer than 9.18.0
     ("dgx-gb300", "9.18.1", "9.18.1"),
     ("dgx-gb300", "9.21.1", "9.19.1"),
-    ("gb200-nvl72", "9.13.1", "9.17.0"),
+    ("gb200-nvl72", "9.13.1", "9.13.1"),   # B200's measurement carried over (the same die)
+    ("gb200-nvl72", "9.11.0", "9.10.2"),
     ("dgx-b200", "9.11.0", "9.10.2"),
-    ("dgx-b200", "9.20.0", "9.13.1"),
+    ("dgx-b200", "9.20.0", "9.19.1"),      # GB200's measurement carried over (the same die)
     ("dgx-b300", "9.18.0", "9.17.0"),
 ])
 def test_the_newest_measured_version_at_or_below_the_plans_is_used(hardware: str, version: str,
@@ -66,6 +67,27 @@ def test_the_newest_measured_version_at_or_below_the_plans_is_used(hardware: str
     # only the fused-attention class changes
     assert {k: v for k, v in picked.efficiency.items() if k != "attention_fa3"} == \
         {k: v for k, v in device.efficiency.items() if k != "attention_fa3"}
+
+
+B200_OVER_GB200 = 1.0738  # gb200-nvl72.yaml's matrix curve: aiconfigurator's same-software BF16 GEMM time ratio
+
+
+@pytest.mark.parametrize(("target", "sibling", "versions", "speed"), [
+    ("gb200-nvl72", "dgx-b200", ("9.10.2", "9.13.1"), B200_OVER_GB200),
+    ("dgx-b200", "gb200-nvl72", ("9.17.0", "9.18.1", "9.19.1"), 1 / B200_OVER_GB200),
+])
+def test_same_die_curves_carry_the_siblings_measured_rate(target: str, sibling: str, versions: tuple[str, ...],
+                                                          speed: float) -> None:
+    """B200 and GB200 are one die (GB100) at two power limits: a cuDNN version measured on one alone prices the
+    other at the measured FLOP/s times the matrix curve's speed ratio, with the measured curve's shape."""
+    mine, theirs = (load_hardware(name).device for name in (target, sibling))
+    for version in versions:
+        got, measured = mine.for_cudnn(version), theirs.for_cudnn(version)
+        assert got.cudnn == measured.cudnn == version
+        for seq in (2048, 4096, 8192, 32768):
+            rate = got.eff("attention_fa3", "bf16").at(seq) * got.peak("bf16")
+            expected = measured.eff("attention_fa3", "bf16").at(seq) * measured.peak("bf16") * speed
+            assert rate == pytest.approx(expected, rel=2e-3)
 
 
 def test_older_cudnn_prices_gb300_slower_and_the_newest_as_the_default() -> None:
