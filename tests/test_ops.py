@@ -260,3 +260,34 @@ def test_bert_mlm_head_runs_on_the_masked_positions_only(seq, masked):
 def test_gather_of_more_rows_than_the_sequence_is_one_line_exit_2(run):
     code, out, err = run("predict", "bert-large", "dgx-a100", "--set", "mlm_positions=200")
     assert code == 2 and "rows <= 128" in err and "found 200" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_fused_swiglu_unit_moves_its_bytes_once() -> None:
+    """Megatron-Core's bias_swiglu_impl is one kernel (fused_bias_swiglu.py @2d1fa8d3): forward reads [gate; up]
+    and writes the product (3 tensors of the product's size), backward reads both halves and the gradient and
+    writes both halves' gradients (5). With fused_glu the silu layer adds FLOPs only; the multiply merge carries
+    the traffic and the one launch per pass. Unfused (Hugging Face, torchtitan) silu and multiply are two kernels."""
+    from dlperf.ops import OPS
+    from dlperf.spec.model import load_model
+
+    for fused in (True, False):
+        model = load_model("llama2-7b", {"fused_swiglu": fused, "seq": 128})
+        layers = {layer.op: layer for layer, _ in model.counted() if layer.op in ("silu", "multiply")}
+        n = 128 * 11008
+        kernels = [k for op in ("silu", "multiply") for k in OPS[op].kernels(layers[op], 1, 2)]
+        fwd_bytes = sum(k.cost.fwd_bytes for k in kernels)
+        bwd_bytes = sum(k.cost.bwd_bytes for k in kernels)
+        launches = sum(k.phase_launches[0] for k in kernels)
+        flops = sum(k.cost.fwd_flops for k in kernels)
+        assert (fwd_bytes, bwd_bytes, launches) == ((3 * 2 * n, 5 * 2 * n, 1) if fused else (5 * 2 * n, 8 * 2 * n, 2))
+        assert flops == 5 * n  # silu's 4 per element and the product's 1, fused or not
+
+
+def test_moe_swiglu_backward_writes_both_halves() -> None:
+    """The experts' SwiGLU backward reads gate, up and the output gradient and writes both halves' gradients,
+    torch.cat((dy_1, dy_2)) (swiglu_back, fused_bias_swiglu.py @2d1fa8d3): 5 tensors of [rows, f], forward 3."""
+    from dlperf.ops.moe import _ffn_kernels
+
+    rows, d, f = 4096, 2048, 768
+    (swiglu,) = [k for k in _ffn_kernels("expert", rows, d, f, True, 2, True, 4) if k.name == "expert_swiglu"]
+    assert (swiglu.cost.fwd_bytes, swiglu.cost.bwd_bytes) == (3 * 2 * rows * f, 5 * 2 * rows * f)

@@ -40,7 +40,17 @@ def _activation_saved(layer: Layer, e: int) -> Any:
 
 
 def _activation_kernels(op: str, layer: Layer, batch: Any, e: int) -> tuple[Kernel, ...]:
+    """The activation's kernel. As the gate of a fused gated-linear unit (`fused_glu`) it moves no bytes and
+    launches nothing of its own: Megatron-Core's bias_swiglu_impl is one kernel (SwiGLUFunction,
+    megatron/core/fusions/fused_bias_swiglu.py @2d1fa8d3, swiglu / swiglu_back) reading [gate; up] and writing the
+    product forward, reading both halves and the output gradient and writing both halves' gradients backward:
+    the traffic and launch of the `multiply` merge after it (3 and 5 tensors of the product's size,
+    _multiply_kernels). The activation keeps its FLOPs (the same math runs fused or not)."""
     fwd, bwd = ACTIVATION_FLOPS[op]
+    if layer["fused_glu"]:
+        n = _n(layer, batch)
+        return (Kernel(op, "transcendental", Cost(fwd_flops=fwd * n, bwd_data_flops=bwd * n), launches=0,
+                       bwd_launches=0),)
     if layer.get("xla", False):
         return xla_gelu_kernels(_n(layer, batch), e)
     return (elementwise_kernel(op, _n(layer, batch), e, fwd, bwd,

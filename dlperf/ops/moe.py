@@ -117,8 +117,12 @@ def _ffn_kernels(prefix: str, rows: Any, d: Any, f: Any, gated: bool, e: int, ex
     """An FFN over `rows` tokens: [d, 2f] gate+up GEMM, SiLU(gate) * up, [f, d] down (or up, GELU, down); the
     GEMMs grouped over `groups` experts' weights."""
     if gated:
+        # SwiGLU reads [gate; up] and writes f per row; its backward reads both halves and the output gradient and
+        # writes the gradient of both halves, 2f per row (torch.cat((dy_1, dy_2)) in Megatron-Core's
+        # swiglu_back / geglu_back, megatron/core/fusions/fused_bias_swiglu.py, fused_bias_geglu.py @2d1fa8d3):
+        # 3f read + 2f written, which elementwise_kernel's one written tensor of f counts as bwd_reads=4
         kernels = [grouped_gemm(f"{prefix}_gate_up", rows, d, 2 * f, e, groups, "n"),
-                   elementwise_kernel(f"{prefix}_swiglu", rows * f, e, 5, 8, reads=2, bwd_reads=3,
+                   elementwise_kernel(f"{prefix}_swiglu", rows * f, e, 5, 8, reads=2, bwd_reads=4,
                                       cls="transcendental")]
     else:
         kernels = [grouped_gemm(f"{prefix}_up", rows, d, f, e, groups, "n"),
