@@ -59,11 +59,14 @@ def test_llama3_config_prices_like_the_builtin() -> None:
     # the built-in runs Hopper-generation fused attention (flash_version 3); a converted config defaults to SDPA's
     # FlashAttention-2. The built-in also prices the RoPE its training stacks run (Transformer Engine's fused kernel
     # under Megatron-Core, dlperf.ops.dense `rope: fused`) and Megatron-Core's QKV split copies (`qkv_split:
-    # mcore`); a config names no stack, so the converted model leaves both out and is given them here to compare
-    # the rest.
+    # mcore`) and its fused SwiGLU kernel (`fused_swiglu`: one kernel for the gate's SiLU and the product); a config
+    # names no stack, so the converted model leaves them out and is given them here to compare the rest.
     data, file = hf.load_config(config("meta-llama-3-8b"))
     attention = next(entry for entry in data["blocks"]["layer"]["layers"][0]["residual"] if entry["op"] == "attention")
     attention["rope"], attention["qkv_split"] = "fused", "mcore"
+    (gate, up) = next(entry for entry in data["blocks"]["layer"]["layers"][1]["residual"] if "branches" in entry)[
+        "branches"]
+    gate[1]["fused_glu"], up[0]["fused_input"] = True, True
     converted, builtin = model_from_dict(data, file, {"flash_version": 3}), load_model("llama3-8b")
     assert converted.total_params == builtin.total_params
     hw, plan = load_hardware("dgx-h100"), Plan(devices=8, tp=8, global_batch=8, micro_batch=1)
