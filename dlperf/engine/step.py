@@ -903,10 +903,12 @@ def predict(model: Model, hw: Hardware, plan: Plan) -> Prediction:
 
 
 def _heads(model: Model) -> int | None:
-    """The largest tp that divides every attention layer's head count (their gcd)."""
+    """The largest tp that divides every attention layer's head count and every Mamba-2 layer's groups (their gcd)."""
     import math
 
     heads = [layer["heads"] for layer, _ in model.counted() if layer.op in ("attention", "mla")]
+    # Megatron's MambaMixer splits heads and groups (mamba_mixer.py @d98e8a64 :262-271)
+    heads += [math.gcd(layer["heads"], layer["groups"]) for layer, _ in model.counted() if layer.op == "mamba2"]
     return math.gcd(*heads) if heads and all(isinstance(h, int) for h in heads) else None
 
 

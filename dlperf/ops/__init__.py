@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlperf.ops import conv, dense, elementwise, moe, recurrent
+from dlperf.ops import conv, dense, elementwise, moe, recurrent, ssm
 from dlperf.ops.base import Kernel, Layer, OpRule
 
 OPS: dict[str, OpRule] = {
@@ -31,6 +31,7 @@ OPS: dict[str, OpRule] = {
     "moe": moe.MOE,
     "mla": moe.MLA,
     "qk_norm": moe.QK_NORM,
+    "mamba2": ssm.MAMBA2,
     **{name: elementwise._activation(name) for name in elementwise.ACTIVATION_FLOPS},
 }
 MERGE_OPS = ("add", "concat", "multiply")

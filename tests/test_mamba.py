@@ -1,0 +1,75 @@
+"""The mamba2 operator (dlperf/ops/ssm.py) against hand counts, and the Nemotron 3 Nano built-in."""
+
+import pytest
+
+from dlperf.errors import ShapeError
+from dlperf.ops import OPS
+from dlperf.ops.ssm import SSD_FA2_CROSSOVER, ssd_flops
+from dlperf.spec.model import model_from_dict
+from dlperf.spec.yamlio import load_yaml_text
+
+# Nemotron 3 Nano's mixer: d 2688, 64 heads of 64, state 128, 8 groups, chunk 128, conv 4, at 8192 tokens.
+SPEC = """\
+name: m
+source: test
+input: [8192]
+params: {chunk: 128, groups: 8}
+layers:
+  - {op: embedding, vocab: 1000, dim: 2688}
+  - {op: mamba2, heads: 64, head_dim: 64, state: 128, groups: groups, chunk: chunk}
+"""
+
+
+def mixer(**overrides):
+    model = model_from_dict(load_yaml_text(SPEC, "m.yaml"), "m.yaml", overrides)
+    return next(layer for layer, _ in model.counted() if layer.op == "mamba2")
+
+
+def test_parameters_by_hand() -> None:
+    layer = mixer()
+    d, din, h, g, n = 2688, 4096, 64, 8, 128
+    in_proj = d * (2 * din + 2 * g * n + h)       # 2688 x 10304
+    conv = (din + 2 * g * n) * (4 + 1)           # depthwise taps and bias
+    assert layer.params == in_proj + conv + 3 * h + din + din * d == 38_742_208
+    assert layer.out_shape == (8192, 2688)
+
+
+def test_ssd_flops_by_hand() -> None:
+    t, q, h, p, n, g = 8192, 128, 64, 64, 128, 8
+    forward, backward, recompute = ssd_flops(mixer(), 1)
+    cb, states, intra = 2 * t * q * g * n, 2 * t * h * p * n, t * (q + 1) * h * p
+    assert forward == cb + 2 * states + intra + states // q
+    assert backward == 3 * intra + 4 * states + 2 * cb + states // q
+    assert recompute == cb + states + states // q
+
+
+def test_gemm_flops_and_model_work() -> None:
+    layer = mixer()
+    kernels = {k.name: k for k in OPS["mamba2"].kernels(layer, 1, 2)}
+    assert kernels["in_proj"].cost.fwd_flops == 2 * 8192 * 2688 * 10304
+    assert kernels["out_proj"].cost.fwd_flops == 2 * 8192 * 4096 * 2688
+    ssd = kernels["ssd"]
+    forward, backward, _ = ssd_flops(layer, 1)
+    # priced as FlashAttention-2 over 2048 keys; MFU counts the SSD's own FLOPs
+    assert ssd.cost.fwd_flops == 4 * 8192 * 64 * SSD_FA2_CROSSOVER * 64
+    assert ssd.cost.work * ssd.model_work_scale == pytest.approx(forward + backward)
+
+
+def test_ssd_time_work_grows_linearly_with_length() -> None:
+    short = OPS["mamba2"].kernels(mixer(), 1, 2)
+    spec = SPEC.replace("input: [8192]", "input: [16384]")
+    model = model_from_dict(load_yaml_text(spec, "m.yaml"), "m.yaml", {})
+    long = OPS["mamba2"].kernels(next(x for x, _ in model.counted() if x.op == "mamba2"), 1, 2)
+    pick = {k.name: k.cost.fwd_flops for k in short}, {k.name: k.cost.fwd_flops for k in long}
+    assert pick[1]["ssd"] == 2 * pick[0]["ssd"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"groups": 3}, "mamba2 groups must divide heads"),
+    ({"chunk": 100}, "mamba2 sequence must be a multiple of the chunk size"),
+])
+def test_bad_attribute_is_one_line(overrides, message) -> None:
+    with pytest.raises(ShapeError) as info:
+        mixer(**overrides)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
