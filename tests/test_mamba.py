@@ -5,7 +5,7 @@ import pytest
 from dlperf.errors import ShapeError
 from dlperf.ops import OPS
 from dlperf.ops.ssm import SSD_FA2_CROSSOVER, ssd_flops
-from dlperf.spec.model import model_from_dict
+from dlperf.spec.model import load_model, model_from_dict
 from dlperf.spec.yamlio import load_yaml_text
 
 # Nemotron 3 Nano's mixer: d 2688, 64 heads of 64, state 128, 8 groups, chunk 128, conv 4, at 8192 tokens.
@@ -73,3 +73,9 @@ def test_bad_attribute_is_one_line(overrides, message) -> None:
         mixer(**overrides)
     assert message in str(info.value) and "\n" not in str(info.value)
 
+
+def test_nemotron_3_nano_parameters_match_the_model_card() -> None:
+    model = load_model("nemotron-3-nano")
+    assert model.total_params == 31_577_940_288  # model card: "31.6B total parameters"
+    ops = [layer.op for layer, count in model.counted() for _ in range(count)]
+    assert (ops.count("mamba2"), ops.count("moe"), ops.count("attention")) == (23, 23, 6)
