@@ -46,6 +46,7 @@ RANGES = {
     "llama2-70b": (68.98e9 * 0.995, 68.98e9 * 1.005),  # HF meta-llama/Llama-2-70b-hf: 68.98B
     "transformer-base": (60e6, 66e6),           # Vaswani et al. 2017 Table 3 base: 65M
     "nemotron-3-nano": (31.55e9, 31.65e9),      # NVIDIA-Nemotron-3-Nano-30B-A3B model card: 31.6B total
+    "nemotron-3-super": (120.0e9, 121.0e9),     # NVIDIA-Nemotron-3-Super-120B-A12B model card: 120B total
 }
 
 
