@@ -89,9 +89,10 @@ CUDNN_VERSION = re.compile(r"(0|[1-9][0-9]{0,3})(\.(0|[1-9][0-9]{0,3})){2,3}")
 # megatron/core/transformer/enums.py, NVIDIA/Megatron-LM @3758b54b:61-71): "attn", a layer's input norm and attention
 # block; "mlp", a dense layer's pre-MLP norm and MLP; "moe", a MoE layer whole (drop-and-pad layers only);
 # "moe_router", a MoE layer's pre-MLP norm and router; "moe_preprocess", the dispatcher's preprocessing (requires
-# moe_router); "full_iteration", Megatron-Core's whole forward-backward (cuda_graph_impl local). Empty: eager.
+# moe_router); "mamba", a hybrid stack's Mamba layers (CudaGraphScope.mamba); "full_iteration", Megatron-Core's whole
+# forward-backward (cuda_graph_impl local). Empty: eager.
 # dlperf.engine.cuda_graphs prices them.
-CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
+CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba", "full_iteration")
 MAX_LOADER_WORKERS = 1024  # per training process; more is a typo (a node has a few hundred cores)
 # Default load imbalance of dropless expert routing: the busiest expert-parallel rank gets this many times the
 # mean number of routed tokens. Source: Switch Transformer (Fedus et al. 2022, JMLR 23, Sec. 2.2 and Table 1),

@@ -122,3 +122,28 @@ def test_search_runs_every_plan_with_the_graphs_it_is_given(run):
     assert best["full_iteration"] < best["attn"] < best[""]
     code, _, err = run(*tiny, "--cuda-graphs", "attn,bogus")
     assert code == 2 and "bogus" in err and err.count("\n") == 1
+
+
+def test_a_hybrid_stack_graphs_each_layer_on_its_own() -> None:
+    """Nemotron 3 Nano (23 Mamba-2, 23 MoE, 6 attention layers, each one sublayer of Megatron-Core's MambaStack)
+    under its recipes' scopes attn, mamba, moe_router, moe_preprocess: every layer's norm and add is captured with
+    its layer (the share was counted per attention, 2 x 6 sublayers for 52 norms, and went over 1), one replay per
+    captured layer each way; "mamba" (CudaGraphScope.mamba) takes the mixers' host cost away."""
+    from dlperf.engine.cuda_graphs import graphed_layers, sublayer_share
+
+    uses = tp_uses(load_model("nemotron-3-nano", {"seq": 1024}))
+    full = Graphs(("attn", "mamba", "moe_router", "moe_preprocess"))
+    assert sublayer_share(full, uses) == 1.0
+    assert sublayer_share(Graphs(("attn",)), uses) == pytest.approx(6 / 52)
+    assert graphed_layers(full, uses) == 52 and graphed_layers(Graphs(("attn",)), uses) == 6
+    sets = {"seq": 1024}
+    eager, attn, graphed = (_stage("nemotron-3-nano", g, sets=sets) for g in (None, Graphs(("attn",)), full))
+    assert 0 < graphed.host_fwd < attn.host_fwd < eager.host_fwd
+    assert 0 < graphed.host_bwd < attn.host_bwd < eager.host_bwd
+    assert graphed.forward == eager.forward and graphed.backward == eager.backward  # host cost only
+
+
+def test_mamba_scope_is_a_plan_name() -> None:
+    validate(Plan(cuda_graphs=("attn", "mamba")))
+    with pytest.raises(PlanError, match="cuda_graphs"):
+        validate(Plan(cuda_graphs=("mambas",)))

@@ -125,8 +125,8 @@ def plan_options(fn: Callable) -> Callable:
                           "default), where each tensor-core convolution pays cuDNN's NCHW <-> NHWC transposes."),
         click.option("--cuda-graphs", default="", metavar="SCOPE[,SCOPE]",
                      help="Comma-separated modules captured as CUDA graphs, Megatron-Core's cuda_graph_scope names: "
-                          "attn, mlp, moe, moe_router, moe_preprocess, full_iteration. Their kernels cost the host "
-                          "nothing; each replay one dispatch (dlperf.engine.cuda_graphs). Default: eager."),
+                          "attn, mlp, moe, moe_router, moe_preprocess, mamba, full_iteration. Their kernels cost the "
+                          "host nothing; each replay one dispatch (dlperf.engine.cuda_graphs). Default: eager."),
         click.option("--optimizer-impl", type=click.Choice(list(OPTIMIZER_IMPLS)), default="fused",
                      show_default=True,
                      help="How the optimizer step runs: fused (one pass over all parameters), per-tensor "

@@ -22,6 +22,8 @@ What each scope captures, read at NVIDIA/Megatron-LM @3758b54b (the Megatron-LM 
   device-to-host copy of the split sizes moves out of the graph to "before_ep_alltoall" (token_dispatcher.py:440-
   445), so dlperf's `dispatch_counts` (the counts and their copies) stays eager. The flex dispatcher's
   preprocessing (token_dispatcher.py:1418-1442) only records metadata for its own kernels, left eager here.
+- "mamba" (CudaGraphScope.mamba, enums.py: "Captures Mamba layers") captures a hybrid stack's Mamba layers, norm
+  and mixer; in such a stack (MambaStack) each layer is one sublayer with its own graph;
 - "full_iteration" (cuda_graph_impl local, megatron/core/full_cuda_graph.py FullCudaGraphWrapper) captures the
   whole forward-backward of every micro-batch: one replay per step.
 A kernel that synchronises with the host (`Kernel.syncs`) cannot be captured and stays eager in every scope.
@@ -67,21 +69,41 @@ def layer_counts(uses: list[Use]) -> tuple[Any, Any]:
     return layers, moe
 
 
+def mamba_layers(uses: list[Use]) -> Any:
+    """Mamba-2 layers among a stage's uses. A stage that has them is a hybrid stack (Megatron-Core's MambaStack):
+    each of its layers is one sublayer, a Mamba mixer, an attention or an MLP / MoE, with its own norm and add."""
+    return sum(use.count for use in uses if use.layer.op == "mamba2")
+
+
 def graphed_layers(graphs: Graphs, uses: list[Use]) -> Any:
-    """Layers of the stage with a per-layer graph (one replay each per micro-batch and pass)."""
+    """Layers of the stage with a per-layer graph (one replay each per micro-batch and pass); in a hybrid stack
+    every captured layer is a graph of its own."""
     if not graphs.scopes or graphs.full:
         return 0
     layers, moe = layer_counts(uses)
+    if mamba_layers(uses):
+        return _hybrid_graphed(graphs, layers, moe, mamba_layers(uses))
     if "attn" in graphs.scopes:
         return layers
     return (moe if graphs.moe_side else 0) + ((layers - moe) if "mlp" in graphs.scopes else 0)
 
 
+def _hybrid_graphed(graphs: Graphs, attention: Any, moe: Any, mamba: Any) -> Any:
+    """A hybrid stack's captured layers: attention under "attn", MoE under moe_router or moe, Mamba under "mamba"
+    (CudaGraphScope.mamba, megatron/core/transformer/enums.py)."""
+    return ((attention if "attn" in graphs.scopes else 0) + (moe if graphs.moe_side else 0)
+            + (mamba if "mamba" in graphs.scopes else 0))
+
+
 def sublayer_share(graphs: Graphs, uses: list[Use]) -> Any:
     """The captured share of a block's norms and residual adds (dlperf merges a layer's two of each into one use):
     the attention sublayer's under "attn", a MoE layer's MLP sublayer under moe_router or moe, a dense one's under
-    mlp (its residual add is captured only with the whole MLP: an upper bound for moe_router)."""
+    mlp (its residual add is captured only with the whole MLP: an upper bound for moe_router). In a hybrid stack
+    each layer has one norm and add, captured with its layer."""
     layers, moe = layer_counts(uses)
+    mamba = mamba_layers(uses)
+    if mamba:
+        return _hybrid_graphed(graphs, layers, moe, mamba) / (layers + moe + mamba)
     if not layers:
         return 0.0
     graphed = ((layers if "attn" in graphs.scopes else 0) + (moe if graphs.moe_side else 0)
@@ -99,6 +121,8 @@ def use_share(graphs: Graphs, use: Use, sublayers: Any) -> Any:
         return 0.0
     if op in ATTN_OPS:
         return 1.0 if "attn" in graphs.scopes else 0.0
+    if op == "mamba2":
+        return 1.0 if "mamba" in graphs.scopes else 0.0
     if op in SUBLAYER_OPS:
         return sublayers
     if op in DENSE_MLP_OPS:
