@@ -83,20 +83,20 @@ def test_nemotron_3_nano_parameters_match_the_model_card() -> None:
 
 def test_nemotron_3_super_parameters_by_hand() -> None:
     """Nemotron 3 Super: 40 Mamba-2, 40 LatentMoE and 8 attention layers (hybrid_override_pattern), each with its
-    RMSNorm, untied embeddings and head, a final norm. The moe op's router runs on the 1024-wide latent (the
-    checkpoint's on the 4096 hidden: 3072 x 512 more per MoE layer, models/nemotron-3-super.yaml)."""
+    RMSNorm, untied embeddings and head, a final norm. LatentMoE (the moe op's `latent`): router h x 512 and its
+    bias, fc1_latent_proj h x 1024, the routed experts on the 1024 latent, fc2_latent_proj 1024 x h, the shared
+    expert on h (moe_layer.py @d98e8a64 :265-303); the checkpoint's counts exactly."""
     h, v, latent = 4096, 131072, 1024
     mamba = h * (2 * 8192 + 2 * 8 * 128 + 128) + (8192 + 2 * 8 * 128) * (4 + 1) + 3 * 128 + 8192 + 8192 * h + h
-    moe = h + h * latent + latent * 512 + 512 + 512 * 2 * latent * 2688 + latent * h + 2 * h * 5376
+    moe = h + h * latent + h * 512 + 512 + 512 * 2 * latent * 2688 + latent * h + 2 * h * 5376
     attn = h + h * 32 * 128 + 2 * h * 2 * 128 + 32 * 128 * h
     backbone = 40 * mamba + 40 * moe + 8 * attn + 2 * v * h + h
     model = load_model("nemotron-3-super")
-    assert model.total_params == backbone == 120_605_793_280  # model card: "Total Parameters 120B (12B active)"
-    router_gap = (h - latent) * 512
-    assert backbone + 40 * router_gap == 120_668_707_840  # the checkpoint's backbone
+    # the checkpoint's backbone; model card: "Total Parameters 120B (12B active)"
+    assert model.total_params == backbone == 120_668_707_840
     ops = [layer.op for layer, count in model.counted() for _ in range(count)]
     assert (ops.count("mamba2"), ops.count("moe"), ops.count("attention")) == (40, 40, 8)
     # one MTP depth ("*E", enorm, hnorm, eh_proj 2h x h, final norm): the checkpoint's 123,611,033,088 elements
-    # (Megatron-Bridge's verification card) less the 41 routers' gap
+    # (Megatron-Bridge examples/model_verification_cards/nemotron-3-super-120b-a12b/card.yaml @067f987d)
     mtp = load_model("nemotron-3-super", {"mtp_layers": 1})
-    assert mtp.total_params == backbone + attn + moe + 2 * h * h + 3 * h == 123_611_033_088 - 41 * router_gap
+    assert mtp.total_params == backbone + attn + moe + 2 * h * h + 3 * h == 123_611_033_088

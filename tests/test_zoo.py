@@ -35,6 +35,10 @@ EXACT = {
     # Llama-3.1-405B; each also follows llama_params() below (test_llama3_counts_follow_the_closed_form)
     "llama3-8b": 8_030_261_248,
     "llama3-70b": 70_553_706_496,
+    # NVIDIA-Nemotron-3-Super-120B-A12B's checkpoint without its MTP layer (Megatron-Bridge examples/
+    # model_verification_cards/nemotron-3-super-120b-a12b/card.yaml @067f987d: 123,611,033,088 with it; model card
+    # "120B total"); tests/test_mamba.py counts both
+    "nemotron-3-super": 120_668_707_840,
     "llama3-405b": 405_853_388_800,
 }
 
@@ -46,7 +50,6 @@ RANGES = {
     "llama2-70b": (68.98e9 * 0.995, 68.98e9 * 1.005),  # HF meta-llama/Llama-2-70b-hf: 68.98B
     "transformer-base": (60e6, 66e6),           # Vaswani et al. 2017 Table 3 base: 65M
     "nemotron-3-nano": (31.55e9, 31.65e9),      # NVIDIA-Nemotron-3-Nano-30B-A3B model card: 31.6B total
-    "nemotron-3-super": (120.0e9, 121.0e9),     # NVIDIA-Nemotron-3-Super-120B-A12B model card: 120B total
 }
 
 

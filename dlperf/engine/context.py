@@ -29,7 +29,7 @@ from typing import Any
 from dlperf import mathx
 from dlperf.engine.layers import Use
 from dlperf.ops.base import INDEX_BYTES, Layer, numel
-from dlperf.ops.moe import ROUTER_BYTES, dispatch_elements, kv_width, qkv_widths
+from dlperf.ops.moe import ROUTER_BYTES, dispatch_elements, kv_width, qkv_widths, routed_width
 from dlperf.ops.recompute import FP8_TILED
 
 ATTENTION_OPS = ("attention", "mla")
@@ -205,8 +205,9 @@ def expert_load(layer: Layer, par: Parallel) -> float:
 
 def dispatch_bytes(layer: Layer, batch: Any, e: int, tp: int, cp: int) -> Any:
     """Bytes one rank puts into one dispatch all-to-all (and gets back from one combine), at mean load: its
-    tokens' top_k copies of the hidden vector. A tensor-parallel group splits its tokens among its ranks before
-    dispatching (Megatron-Core's all-to-all dispatcher), a context-parallel rank holds s/cp of them."""
+    tokens' top_k copies of the hidden vector (of its latent with `latent`). A tensor-parallel group splits its
+    tokens among its ranks before dispatching (Megatron-Core's all-to-all dispatcher), a context-parallel rank
+    holds s/cp of them."""
     return e * batch * dispatch_elements(layer, layer.get("capacity_factor") or 1) / (tp * cp)
 
 
@@ -300,7 +301,7 @@ def ep_dispatch_extra(use: Use, batch: Any, tp: int, par: Parallel) -> tuple[Any
         return (gather, 0.0) if layer.get("capacity_factor") else (gather + par.sync_gap, 0.0)
     capacity = layer.get("capacity_factor") or 1
     load = 1 if layer.get("capacity_factor") else expert_load(layer, par)
-    probs = ROUTER_BYTES * batch * dispatch_elements(layer, capacity) / layer.in_shape[-1] / (tp * par.cp)
+    probs = ROUTER_BYTES * batch * dispatch_elements(layer, capacity) / routed_width(layer) / (tp * par.cp)
     probs_alltoall = _alltoall(layer, par, probs * load)
     if layer.get("capacity_factor"):
         return probs_alltoall, probs_alltoall

@@ -42,7 +42,9 @@ ATTN_OPS = (*ATTENTION_OPS, "qk_norm")  # inside self_attention (q/k layernorms 
 DENSE_MLP_OPS = ("linear", "silu", "gelu", "multiply", "swiglu", "geglu", "relu")  # a dense layer's MLP, in a block
 SUBLAYER_OPS = ("rmsnorm", "layernorm", "add")  # one per sublayer: its pre-norm and its residual add
 ROUTER_KERNELS = ("router", "topk_gating", "aux_loss")  # TopKRouter (moe/router.py): GEMM, fused top-k, aux loss
-PREPROCESS_KERNELS = ("row_id_map", "permute")  # all-to-all dispatch_preprocess: TE permute's map and permute
+# all-to-all dispatch_preprocess: TE permute's map and permute; LatentMoE's fc1_latent_proj runs in the same
+# MoELayer.preprocess (moe_layer.py @d98e8a64 :454-490, captured under "moe_preprocess")
+PREPROCESS_KERNELS = ("row_id_map", "permute", "fc1_latent_proj")
 
 
 @dataclass(frozen=True)

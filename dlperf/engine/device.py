@@ -102,7 +102,8 @@ def gemm_quantization(kernel: Kernel, device: Device, dtype: str, divisor: Any, 
     """(forward, backward) quantization factors of a GEMM kernel on this device (1.0 when unknown).
 
     Forward computes C[m,n]; backward computes dA[m,k] (reducing over n) and dB[k,n] (reducing over m). The
-    tensor-parallel `divisor` shrinks the dimension `tp_dim` on every rank."""
+    tensor-parallel `divisor` shrinks the dimension `tp_dim` on every rank (m: the token rows, for a GEMM every
+    rank runs whole on its sequence-parallel tokens, a LatentMoE projection)."""
     eff = compute_efficiency(device, kernel.cls, dtype)
     if kernel.gemm is None or device.sms is None or eff.tile is None:
         return 1.0, 1.0
@@ -110,6 +111,7 @@ def gemm_quantization(kernel: Kernel, device: Device, dtype: str, divisor: Any, 
     if divisor != 1 and tp_dim is not None:
         b, n, k = (b / divisor if tp_dim == "batch" else b, n / divisor if tp_dim == "n" else n,
                    k / divisor if tp_dim == "k" else k)
+        m = m / divisor if tp_dim == "m" else m  # a duplicated GEMM on the rank's sequence-parallel rows
     def q(rows: Any, cols: Any, inner: Any, m_at: int = 0) -> Any:
         return _grouped_quantization(kernel.weight_groups, b, (rows, cols, inner), m_at, lambda batch, shape: (
             wave_quantization(batch, *shape, device.sms, eff.tile, eff.tile_overhead_k)))

@@ -23,7 +23,7 @@ from dlperf.engine.device import dispatch_times, kernel_times
 from dlperf.engine.layers import Use
 from dlperf.engine.overlap import exposed
 from dlperf.ops import OPS
-from dlperf.ops.base import Kernel, numel
+from dlperf.ops.base import Kernel, Layer, numel
 from dlperf.ops.conv import TENSOR_CORE_DTYPES, algorithm_kernel, applicable, layout_transpose_kernel
 from dlperf.ops.dense import qkv_split_for_rank, quadratic_attention_bytes, softmax_for_rank
 from dlperf.ops.elementwise import XLA_SOFTMAX_KERNELS
@@ -323,10 +323,12 @@ def _add_held(out: StageCost, use: Use, batch: Any, e: int, dtype: str, tp: int,
 # gpt-oss's clamp and offset copy, fc2; combine_preprocess's chunk sort), combine, postprocess (unpermute = dlperf's
 # `combine`, the shared experts' output added). moe_kernels lists its kernels in another order; this is the rank of
 # each (an fp8 cast or swizzle takes its GEMM's), `chunk_sort` standing for both sorts before the experts.
-MOE_ORDER = {"shared": 0, "router": 1, "topk_gating": 2, "aux_loss": 3, "dispatch_counts": 4, "deepep_metadata": 4,
-             "hybridep_metadata": 4, "row_id_map": 5, "permute": 6, "chunk_sort": 7, "expert_gate_up": 8,
-             "expert_up": 8, "expert_act_clamp": 9, "glu_offset_copy": 10, "expert": 11, "combine": 12,
-             "shared_add": 13, "grad_accumulate": 13}
+# A LatentMoE layer's fc1_latent_proj opens preprocess, before the counts, and fc2_latent_proj follows the
+# unpermute in postprocess (moe_layer.py @d98e8a64 :488-490, :591-592); moe_kernels lists each before its peer.
+MOE_ORDER = {"shared": 0, "router": 1, "topk_gating": 2, "aux_loss": 3, "fc1_latent_proj": 4, "dispatch_counts": 4,
+             "deepep_metadata": 4, "hybridep_metadata": 4, "row_id_map": 5, "permute": 6, "chunk_sort": 7,
+             "expert_gate_up": 8, "expert_up": 8, "expert_act_clamp": 9, "glu_offset_copy": 10, "expert": 11,
+             "combine": 12, "fc2_latent_proj": 12, "shared_add": 13, "grad_accumulate": 13}
 
 
 def _moe_rank(kernel: Kernel) -> int:
@@ -459,7 +461,8 @@ def _tp_collectives(use: Use, fold: int, dispatcher: str) -> Use:
     their probabilities over the tensor-parallel group, and the combine reduce-scatters the experts' routed outputs
     (MoEAlltoAllTokenDispatcher.dispatch_postprocess and combine_preprocess, gather_from_sequence_parallel_region /
     reduce_scatter_to_sequence_parallel_region, moe/token_dispatcher.py @92c8482e:676-701), top_k times the bytes of
-    a dense layer's hidden-state all-gather, plus the shared experts' own all-gather and reduce-scatter (a dense MLP,
+    a dense layer's hidden-state all-gather (of the latent with `latent`: the dispatcher runs after fc1_latent_proj,
+    moe_layer.py @d98e8a64 :488-490), plus the shared experts' own all-gather and reduce-scatter (a dense MLP,
     SharedExpertMLP on the tensor-parallel group, moe/shared_experts.py @92c8482e:52). The flex dispatchers (DeepEP,
     HybridEP) send over the tp x ep ranks themselves and keep the dense pair as before. With the experts folded
     (`_fold`) the shared experts alone keep the dense pair, so a layer without shared experts runs none."""
@@ -473,9 +476,15 @@ def _tp_collectives(use: Use, fold: int, dispatcher: str) -> Use:
         return use
     k = layer["top_k"]
     probs = 2 * k * numel(layer.in_shape[:-1])  # one fp32 probability per routed copy, in 16-bit elements
-    routed = tuple((phase, op, k * n) for phase, op, n in pairs)
+    routed = tuple((phase, op, k * _routed_share(layer, n)) for phase, op, n in pairs)
     routed += (("fwd", "allgather", probs), ("bwd", "reduce_scatter", probs))
     return replace(use, comm=routed + (pairs if layer["shared_experts"] else ()))
+
+
+def _routed_share(layer: Layer, n: Any) -> Any:
+    """Of a hidden-state collective of `n` elements, what the dispatcher moves per routed copy: `n`, or with
+    `latent` its latent-wide part (fc1_latent_proj and fc2_latent_proj run duplicated, with no collective)."""
+    return n * layer["latent"] / layer.in_shape[-1] if layer["latent"] else n
 
 
 def _add_tp_comm(out: StageCost, use: Use, batch: Any, e: int, tp: int, recompute: str, comm_time: Any,

@@ -302,7 +302,7 @@ def saved_bytes(layer: Layer, saved: Any, e: int, recipe: str = "fp8") -> Any:
     if (layer.op == "linear" and not layer["fused_input"]) or layer.op == "attention":
         return saved - (e - b) * numel(layer.in_shape)
     if layer.op == "moe":
-        return saved - (e - b) * moe_gemm_inputs(layer)
+        return saved - (e - b) * moe_gemm_inputs(layer) + b * latent_input_copy(layer)
     return saved
 
 
@@ -319,6 +319,14 @@ def moe_gemm_inputs(layer: Layer) -> Any:
     """Elements per sample of the MoE layer's kept GEMM inputs that an FP8 recipe keeps in FP8 where _moe_saved
     counts them 16-bit: each routed copy's permuted token (the experts' fc1 input) and activation output (fc2's
     input), and the shared experts' activation output (their fc2 input). Megatron-Core's experts are TE
-    GroupedLinear modules; the SwiGLU input, the router input and the expert outputs stay 16-bit."""
-    tokens, d, k = numel(layer.in_shape[:-1]), layer.in_shape[-1], layer["top_k"]
-    return tokens * (k * (d + layer["ffn"]) + layer["shared_experts"] * (layer["shared_ffn"] or layer["ffn"]))
+    GroupedLinear modules; the SwiGLU input, the router input and the expert outputs stay 16-bit. With `latent`
+    the routed copies are latent-wide, and fc2_latent_proj (a TE Linear) keeps its input, the combined latent."""
+    tokens, k, w = numel(layer.in_shape[:-1]), layer["top_k"], layer["latent"] or layer.in_shape[-1]
+    inputs = tokens * (k * (w + layer["ffn"]) + layer["shared_experts"] * (layer["shared_ffn"] or layer["ffn"]))
+    return inputs + tokens * w if layer["latent"] else inputs
+
+
+def latent_input_copy(layer: Layer) -> Any:
+    """Elements per sample an FP8 recipe keeps on top of _moe_saved's: fc1_latent_proj, a TE Linear, saves the FP8
+    cast of its input, the layer's input, which the router keeps in 16 bits as well (0 without `latent`)."""
+    return numel(layer.in_shape[:-1]) * layer.in_shape[-1] if layer["latent"] else 0

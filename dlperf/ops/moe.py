@@ -7,6 +7,8 @@ top-k choice, a permutation that groups each token's k copies by expert, the exp
 (SwiGLU: gate and up in one [d, 2f] GEMM, down [f, d]), and the combine: the k outputs weighted and summed back
 into token order. Shared experts (DeepSeekMoE) are a dense FFN every token runs. Parameters count every expert;
 FLOPs count only the k experts each token is routed to (the activated parameters, 2 FLOPs per multiply-add).
+LatentMoE (`latent`, Nemotron 3 Super): the routed experts, permutation and dispatch on a narrower latent between
+two duplicated projections, the router and shared experts on the hidden width (routed_width, _latent_kernels).
 
 MLA (DeepSeek-V2, arXiv:2405.04434 section 2.1; DeepSeek-V3 section 2.1.1): queries and keys/values go through
 low-rank down-projections (with an RMSNorm on the latent), are projected back up per head, and keys/queries carry
@@ -52,6 +54,29 @@ def _matrices(layer: Layer) -> int:
 def _shared_width(layer: Layer) -> Any:
     """Total intermediate width of the shared experts (they run as one dense FFN of S x shared_ffn)."""
     return layer["shared_experts"] * (layer["shared_ffn"] or layer["ffn"])
+
+
+# LatentMoE (`latent`: Nemotron 3 Super's moe_latent_size), as Megatron-Core's MoELayer runs it (NVIDIA/Megatron-LM
+# @d98e8a64 megatron/core/transformer/moe/moe_layer.py): the router runs on the hidden states (route, :444-452);
+# fc1_latent_proj (hidden -> latent, :279-291) and fc2_latent_proj (latent -> hidden, :292-303) are TELinear with
+# parallel_mode "duplicated" and bias add_bias_linear: whole weights on every tensor-parallel rank, run on the
+# tokens the rank holds (its sequence-parallel shard), no collective. preprocess applies fc1_latent_proj before
+# the dispatcher's permute (:488-490), so the permutation, the dispatch and combine and the routed experts work on
+# the latent width; postprocess applies fc2_latent_proj after the combine's unpermute and adds the shared experts'
+# output, computed on the pre-latent hidden states (:582-596, shared_experts_compute :507-534). The latent
+# projections carry no bias here (Nemotron 3 Super's add_bias_linear is false).
+def routed_width(layer: Layer) -> Any:
+    """The width of what the routed experts see, the dispatcher moves and the permutation and combine rewrite:
+    the latent with `latent`, else the layer's input width."""
+    return layer["latent"] or layer.in_shape[-1]
+
+
+def _latent_kernels(layer: Layer, t: Any, e: int) -> tuple[Kernel, Kernel]:
+    """fc1_latent_proj [t, d] x [d, latent] and fc2_latent_proj [t, latent] x [latent, d], duplicated under tensor
+    parallelism (split=False: whole on each rank, on its sequence-parallel rows, tp_dim "m")."""
+    d, w = layer.in_shape[-1], layer["latent"]
+    return (replace(gemm("fc1_latent_proj", t, d, w, e, tp_dim="m"), split=False),
+            replace(gemm("fc2_latent_proj", t, w, d, e, tp_dim="m"), split=False))
 
 
 # Transformer Engine's GroupedLinear (Megatron-Core's TEGroupedMLP, --moe-grouped-gemm) runs a grouped GEMM as
@@ -189,7 +214,7 @@ def _bookkeeping(layer: Layer, t: Any, e: int, local: Any, ep: bool, dispatcher:
     """Megatron-Core's small operators around the MoE kernels (ROW_ID_MAP .. CHUNK_SORT), each with the bytes it
     moves: the t x E routing map (bool) and its int32 row-id map, fp32 probabilities, the tokens a chunk sort
     moves, the hidden-state and router-weight gradients summed."""
-    n_exp, k, d = layer["experts"], layer["top_k"], layer.in_shape[-1]
+    n_exp, k, d, w = layer["experts"], layer["top_k"], layer.in_shape[-1], routed_width(layer)
     scores, routed = t * n_exp, t * k
     row_map = (1 + 4 + 8 + 4) * scores + 4 * t * (2 * k + 1)  # passes 1-3: bool in, int32 cumsums, dense map
     out = [Kernel("row_id_map", "memory", Cost(fwd_bytes=row_map, depth=clog2(t)),
@@ -209,7 +234,7 @@ def _bookkeeping(layer: Layer, t: Any, e: int, local: Any, ep: bool, dispatcher:
                       bwd_launches=0, framework_ops=host_ops, split=False))
     if not (isinstance(local, int) and local <= 1):
         # two sorts per pass, each reading and writing every routed token; the dispatch side's its probability too
-        moved = 2 * (2 * e * routed * d) + 2 * ROUTER_BYTES * routed
+        moved = 2 * (2 * e * routed * w) + 2 * ROUTER_BYTES * routed
         fwd, bwd = PADDED_SORT if padded else CHUNK_SORT
         out.append(Kernel("chunk_sort", "memory", Cost(fwd_bytes=moved, bwd_bytes=moved, depth=1, bwd_depth=1),
                           launches=fwd, bwd_launches=bwd, split=False))
@@ -307,7 +332,7 @@ def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None,
     routed copies of 1/fold of the tokens the tensor-parallel group holds (the dispatcher gathers over the expert
     tensor-parallel group only, token_dispatcher.py @92c8482e:692-701), so the routed experts' kernels
     (routed_expert_kernel) are built on those rows, for the engine to split expert-tp ways."""
-    t, d = _tokens(layer, batch), layer.in_shape[-1]
+    t, d, w = _tokens(layer, batch), layer.in_shape[-1], routed_width(layer)
     n_exp, k, f = layer["experts"], layer["top_k"], layer["ffn"]
     routed = t * k  # token-expert pairs: the activated work
     rows = routed if fold == 1 else routed / fold  # ... of which the experts' grid runs these
@@ -321,16 +346,18 @@ def moe_kernels(layer: Layer, batch: Any, e: int, resident: Any = None,
         launches=gating_launches(layer), bwd_launches=gating_launches(layer), split=False)
     # permute: gather each token's k copies into expert order (read + write k*d per token); its backward is the
     # matching scatter. combine: the k weighted outputs summed per token (2 FLOPs per element of each copy).
-    permute = Kernel("permute", "memory", Cost(fwd_bytes=2 * e * routed * d + INDEX_BYTES * routed,
-                                               bwd_bytes=2 * e * routed * d, depth=1, bwd_depth=1), bwd_launches=1,
+    permute = Kernel("permute", "memory", Cost(fwd_bytes=2 * e * routed * w + INDEX_BYTES * routed,
+                                               bwd_bytes=2 * e * routed * w, depth=1, bwd_depth=1), bwd_launches=1,
                      split=False)
     combine = Kernel("combine", "memory", Cost(
-        fwd_flops=2 * routed * d, bwd_data_flops=2 * routed * d, fwd_bytes=e * (routed * d + t * d),
-        bwd_bytes=e * (2 * routed * d + t * d), depth=clog2(k), bwd_depth=1), bwd_launches=1, split=False)
+        fwd_flops=2 * routed * w, bwd_data_flops=2 * routed * w, fwd_bytes=e * (routed * w + t * w),
+        bwd_bytes=e * (2 * routed * w + t * w), depth=clog2(k), bwd_depth=1), bwd_launches=1, split=False)
     local = n_exp if resident is None else resident
-    kernels = [router, gating, permute, *_ffn_kernels(EXPERT_PREFIX, rows, d, f, layer["gated"], e, True, local),
-               *_expert_extras(layer, rows, d, f, e, local),
-               combine, *_bookkeeping(layer, t, e, local, resident is not None, dispatcher)]
+    latent = list(_latent_kernels(layer, t, e)) if layer["latent"] else []  # [fc1_latent_proj, fc2_latent_proj]
+    kernels = [router, gating, *latent[:1], permute,
+               *_ffn_kernels(EXPERT_PREFIX, rows, w, f, layer["gated"], e, True, local),
+               *_expert_extras(layer, rows, w, f, e, local),
+               combine, *latent[1:], *_bookkeeping(layer, t, e, local, resident is not None, dispatcher)]
     width = _shared_width(layer)
     if width:
         kernels += _ffn_kernels("shared", t, d, width, layer["gated"], e, False)
@@ -353,9 +380,9 @@ def routed_expert_kernel(kernel: Kernel) -> bool:
 
 
 def moe_expert_params(layer: Layer) -> Any:
-    """Parameters of the routed experts (what expert parallelism shards): E experts x 2 or 3 [d, f] matrices,
-    and their biases with `expert_bias`."""
-    return layer["experts"] * _expert_size(layer.in_shape[-1], layer)
+    """Parameters of the routed experts (what expert parallelism shards): E experts x 2 or 3 [d, f] matrices
+    (d the latent with `latent`), and their biases with `expert_bias`."""
+    return layer["experts"] * _expert_size(routed_width(layer), layer)
 
 
 def _expert_size(d: Any, a: Any) -> Any:
@@ -366,11 +393,15 @@ def _expert_size(d: Any, a: Any) -> Any:
 
 
 def _moe_params(shape: tuple, a: dict) -> Any:
+    """Router d x E (and its E biases), the routed experts on the latent or d, the shared experts and their gate
+    on d, and with `latent` fc1_latent_proj and fc2_latent_proj, d x latent each (moe_layer.py @d98e8a64
+    :279-303, no bias)."""
     d = shape[-1]
     matrices = 3 if a["gated"] else 2
     router = d * a["experts"] + (a["experts"] if a["router_bias"] else 0)
     shared = matrices * d * a["shared_experts"] * (a["shared_ffn"] or a["ffn"])
-    return router + a["experts"] * _expert_size(d, a) + shared + (d if a["shared_gate"] else 0)
+    total = router + a["experts"] * _expert_size(a["latent"] or d, a) + shared + (d if a["shared_gate"] else 0)
+    return total + 2 * d * a["latent"] if a["latent"] else total
 
 
 def moe_activated_params(layer: Layer) -> Any:
@@ -382,8 +413,9 @@ def moe_activated_params(layer: Layer) -> Any:
 
 def dispatch_elements(layer: Layer, capacity: float = 1.0) -> Any:
     """Elements one sample sends to the experts in one dispatch (and gets back in one combine): every token's
-    top_k copies of its d-vector, times the capacity factor when experts are padded to capacity."""
-    return numel(layer.in_shape[:-1]) * layer["top_k"] * layer.in_shape[-1] * capacity
+    top_k copies of its d-vector (its latent with `latent`), times the capacity factor when experts are padded to
+    capacity."""
+    return numel(layer.in_shape[:-1]) * layer["top_k"] * routed_width(layer) * capacity
 
 
 def _moe_saved(layer: Layer, e: int) -> Any:
@@ -394,13 +426,17 @@ def _moe_saved(layer: Layer, e: int) -> Any:
     TEGroupedMLP calls weighted_bias_swiglu_impl(intermediate, bias, permuted_probs) (megatron/core/transformer/
     moe/experts.py @d98e8a64, lines 943-970; WeightedSwiGLUFunction saves its input and the weights,
     fusions/fused_bias_swiglu.py lines 266-270), and its alltoall and flex dispatchers unpermute without probs
-    (moe/token_dispatcher.py lines 891-899 and 1460-1466)."""
-    s, d, k, f = numel(layer.in_shape[:-1]), layer.in_shape[-1], layer["top_k"], layer["ffn"]
+    (moe/token_dispatcher.py lines 891-899 and 1460-1466). With `latent` the routed copies are latent-wide and
+    fc2_latent_proj keeps its input, the combined latent (TE Linear saves its input); fc1_latent_proj's input is
+    the layer's, kept already, and the permutation keeps no copy of fc1's output (TE's fused permute saves its
+    row-id map only)."""
+    s, d, w, k, f = numel(layer.in_shape[:-1]), layer.in_shape[-1], routed_width(layer), layer["top_k"], layer["ffn"]
     inner = 3 * f if layer["gated"] else 2 * f
-    combine = ROUTER_BYTES / e if layer["probs_in_expert"] else d  # per copy: its weight, or its output
-    routed = e * s * k * (d + inner + combine)
+    combine = ROUTER_BYTES / e if layer["probs_in_expert"] else w  # per copy: its weight, or its output
+    routed = e * s * k * (w + inner + combine)
     shared = e * s * (3 if layer["gated"] else 2) * _shared_width(layer)
-    return e * s * d + ROUTER_BYTES * s * layer["experts"] + routed + shared
+    saved = e * s * d + ROUTER_BYTES * s * layer["experts"] + routed + shared
+    return saved + e * s * w if layer["latent"] else saved
 
 
 def _moe_check(shape: tuple, a: dict) -> None:
@@ -419,7 +455,7 @@ MOE = OpRule(
     attrs={"experts": REQUIRED, "top_k": REQUIRED, "ffn": REQUIRED, "shared_experts": 0, "shared_ffn": None,
            "gated": True, "capacity_factor": None, "router_bias": False, "shared_gate": False, "groups": None,
            "top_groups": None, "probs_in_expert": False, "expert_bias": False, "act_clamp": False,
-           "aux_loss": True},
+           "aux_loss": True, "latent": None},
     shape=lambda s, a: s,
     params=_moe_params,
     kernels=moe_kernels,

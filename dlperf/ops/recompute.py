@@ -145,8 +145,10 @@ def _moe(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recompu
     projection's input) and its output d; the shared experts' gate/up and activation. The router input stays
     16-bit (Sec. 3.3.1: gating in original precision), as do the experts' outputs (the combine's input). The
     GEMM inputs (permuted token, activations) are held at `kept` bytes (an FP8 recipe's, dlperf.ops.fp8
-    moe_gemm_inputs), the rest at `e`: FP8 caching moves both to FP8 with tile scales."""
+    moe_gemm_inputs), the rest at `e`: FP8 caching moves both to FP8 with tile scales. With `latent` the routed
+    copies are latent-wide and fc2_latent_proj's kept input, the combined latent, is one more GEMM input."""
     s, d, k, f = numel(layer.in_shape[:-1]), layer.in_shape[-1], layer["top_k"], layer["ffn"]
+    w, fc2_in = layer["latent"] or d, layer["latent"] or 0
     width = layer["shared_experts"] * (layer["shared_ffn"] or layer["ffn"])
     act_in = 2 if layer["gated"] else 1
     act_recomputed = "moe_act" in modules
@@ -156,7 +158,7 @@ def _moe(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recompu
     if fp8:
         kept_act = 0 if act_recomputed else 1
         freed += (e - FP8_TILED) * act_in * (k * f + width)
-        freed += (kept - FP8_TILED) * (k * (d + kept_act * f) + kept_act * width)
+        freed += (kept - FP8_TILED) * (k * (w + kept_act * f) + kept_act * width + fc2_in)
     return s * freed
 
 
