@@ -256,7 +256,7 @@ def test_megatron_bridge_blackwell_and_moe_rows_carry_the_published_figures():
     assert pending["mbridge-2509-deepseek-v3-gb200-mxfp8-tokendrop"].value == 2835
     nvfp4 = rows["mbridge-2602-llama3-70b-gb300-nvfp4"]  # scored since --dtype nvfp4 (dlperf.ops.fp8)
     assert (nvfp4.value, nvfp4.plan.dtype, nvfp4.plan.pp, nvfp4.plan.virtual_stages) == (6798, "nvfp4", 4, 5)
-    assert set(pending["mbridge-2606-nemotron-3-super-gb300-nvfp4"].waits_for) == {"nvfp4", "model"}
+    assert set(pending["mbridge-2606-nemotron-3-super-gb300-nvfp4"].waits_for) == {"nvfp4", "mtp_bf16"}
     assert set(pending["mbridge-2511-llama3-70b-gb200-fp8cs"].waits_for) == {"cpu_offload"}
     # EP 32 over TP 2 x DP 16 is `etp: 1` now; the row's recipe settings are not in its note
     assert set(pending["mbridge-2511-qwen3-235b-a22b-h100-fp8cs"].waits_for) == {"recipe"}
