@@ -965,9 +965,11 @@ def test_megatron_bridge_tolerance_tests_score_the_rows_they_name(results):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "Megatron-Bridge GPT-OSS 120B (29 rows, MAE 28.0%, all but two too fast): BF16 H100 +19..+24%, B200 "
-    "+12..+88%, GB200 +14..+50%, GB300 +24..+26%, B300 +33..+61%; MXFP8 (26.06+, full-iteration CUDA graphs and "
-    "fused grouped MLP) GB200 +5/+6%, GB300 -3/-3%, B300 +28%. No aux loss (GPT-OSS's routing type none). "
+    "Megatron-Bridge GPT-OSS 120B (29 rows, MAE 26.4%, all but two too fast): BF16 H100 +9..+14% (PP 4 split "
+    "as Megatron does, 9 layers a stage: +19..+24% on the balanced split's 8-layer last stage), B200 +14..+87%, "
+    "GB200 +10..+49%, GB300 +23..+26%, B300 +32..+61%; MXFP8 (26.06+, full-iteration CUDA graphs and fused "
+    "grouped MLP) GB200 +5/+6%, GB300 -3/-4%, B300 +28%. No aux loss (GPT-OSS's routing type none). The errors "
+    "follow the run settings more than the hardware: the whole-iteration-graph rows are within 6%. "
     "Priced: the sliding-window layers as cuDNN runs them, "
     "head dim 64 at cuDNN's H100 rate, Megatron-Core's eager GLU clamp, fp32 down-projection bias and eager YaRN "
     "RoPE, the QKV split copies, the expert GEMMs per expert (TE's own grouped-GEMM benchmark, "
@@ -980,11 +982,14 @@ def test_megatron_bridge_gpt_oss_rows_within_20_percent(results):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "Megatron-Bridge Llama 3 on DGX-B200 / GB200 / GB300 NVL72 in FP8, MXFP8 and NVFP4 (72 rows, MAE 7.3%, signed "
-    "+2.5%); over 20%: 405B MXFP8 on GB200 (+7..+30%, the 25.09 row +30%) and 70B MXFP8 on GB300 (-19..+6%). FP8: "
-    "8B B200 -1/+1%, GB200 +10%, GB300 -0%; 70B with activation offloading GB300 +5..+10%, GB200 +10..+19%; 405B "
-    "-7..+7%. MXFP8: 8B B200 +3%, GB200 +15/+16%, GB300 +3%; 70B GB200 +5..+12%; 405B B200 +4%, GB300 -1..+3%. "
-    "NVFP4: 70B GB200 +3..+12%, GB300 -5..+17%; 405B -15..-6%. GEMMs: B200's power-limited BF16 fit and XLA FP8 "
+    "Megatron-Bridge Llama 3 on DGX-B200 / GB200 / GB300 NVL72 in FP8, MXFP8 and NVFP4 (72 rows, MAE 7.6%, signed "
+    "+3.2%); over 20%: 405B MXFP8 on GB200 (+8..+24%, the 25.09 row +24%), 70B FP8 with 40 layers offloaded on "
+    "GB200 (+12..+21%) and 70B NVFP4 on GB300 (-3..+20%). FP8: 8B B200 +1/+3%, GB200 +7%, GB300 +2%; 70B with "
+    "activation offloading GB300 +7..+12%; 405B -8..+7%. MXFP8: 8B B200 +5%, GB200 +12%, GB300 +6%; 70B GB200 "
+    "+7..+13%, GB300 -17..+8%; 405B B200 +1/+2%, GB300 -0..+3%. NVFP4: 70B GB200 +5..+14%; 405B -13..-5%. "
+    "Since the fused SwiGLU unit is priced as one kernel (Megatron-Core's bias_swiglu_impl) every row moved 1-2.5% "
+    "faster; since B200 and GB200 share their cuDNN measurements (one die), GB200 rows on cuDNN 9.11/9.13 moved "
+    "3-6% slower. GEMMs: B200's power-limited BF16 fit and XLA FP8 "
     "fit, GB200/GB300 as B200's times aiconfigurator's same-software ratios; fused attention at each release's "
     "cuDNN; MXFP8 GEMMs on the FP8 curve (no same-run MXFP8/FP8 cuBLAS table is public); the 8B recipes' CUDA "
     "graphs (plan cuda_graphs) leave these device-bound rows unchanged; nothing is fitted to these rows"))
