@@ -67,6 +67,7 @@ class StageCost:
     cp_comm_bwd: Any = 0.0
     expert_params: Any = 0          # the routed experts' share of `params` when ep > 1 (reduced over edp)
     fp8_params: Any = 0             # the share of `params` in layers an FP8 recipe runs in FP8 (cached FP8 copies)
+    bf16_params: Any = 0            # ... in layers a `precision: bf16` block call keeps out of an FP8 recipe
     backward_weight: Any = 0.0      # the weight-gradient share of `backward` (DualPipe's W; see _weight_share)
     tp_comm_rerun: Any = 0.0        # the tp collectives full recomputation reruns (a part of `recompute`)
     ep_comm_rerun: Any = 0.0        # ... the expert all-to-alls it reruns
@@ -87,7 +88,7 @@ class StageCost:
         names = ("forward", "backward", "recompute", "tp_comm_fwd", "tp_comm_bwd", "params", "saved_bytes",
                  "saved_outside", "saved_blocks", "host_fwd", "host_bwd", "host_recompute", "ep_comm_fwd",
                  "ep_comm_bwd", "cp_comm_fwd", "cp_comm_bwd", "expert_params", "backward_weight", "tp_comm_rerun",
-                 "ep_comm_rerun", "cp_comm_rerun", "fp8_params")
+                 "ep_comm_rerun", "cp_comm_rerun", "fp8_params", "bf16_params")
         out = StageCost(**{n: getattr(self, n) + getattr(other, n) for n in names})
         if self.flow_fwd is not None or other.flow_fwd is not None:  # a part without syncs: its max(H, D)
             out.flow_fwd = sum(mathx.maximum(p.forward, p.host_fwd) if p.flow_fwd is None else p.flow_fwd
@@ -296,6 +297,8 @@ def _add_held(out: StageCost, use: Use, batch: Any, e: int, dtype: str, tp: int,
     out.params = out.params + use.count * use.layer.params / (tp if use.sharded else 1)
     if in_fp8:
         out.fp8_params = out.fp8_params + (out.params - held)
+    if use.layer.precision:
+        out.bf16_params = out.bf16_params + (out.params - held)
     divisor = tp if (use.sharded or sp) else 1
     saved = OPS[use.layer.op].saved(use.layer, e)
     saved = fp8_saved_bytes(use.layer, saved, e, dtype) if in_fp8 else saved

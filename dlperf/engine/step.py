@@ -1113,7 +1113,7 @@ def _dp_comm(hw: Hardware, plan: Plan, slow: StageCost, dtype: str, comm: Any,
     reduce = comm.collective_time("reduce_scatter", grad_bytes, group, hw)
     # FP8 parameter all-gather (Megatron-LM --fp8-param-gather; torchtitan/FSDP2 enable_fsdp_float8_all_gather):
     # the sharded parameters travel as their FP8 casts, one byte each (MXFP8: in bf16, param_gather_bytes)
-    gather_bytes = params * param_gather_bytes(dtype) if plan.fp8_param_gather else weight_bytes
+    gather_bytes = _fp8_gather_bytes(slow, params, dtype) if plan.fp8_param_gather else weight_bytes
     gather = comm.collective_time("allgather", gather_bytes, group, hw)
     if plan.zero == 1 and overlap and plan.zero_impl == "megatron":
         exposed = _megatron_param_gather(comm, hw, plan, group, params, gather_bytes, slow.forward_window, stolen)
@@ -1158,6 +1158,17 @@ def _megatron_param_gather(comm: Any, hw: Hardware, plan: Plan, group: Any, para
     buckets = max(math.ceil(params / MEGATRON_BUCKET_PARAMS), 1)
     bucket = comm.collective_time("allgather", gather_bytes / buckets, group, hw)
     return plan.pp * _pipelined(bucket, forward / buckets, buckets, 0.0, stolen)
+
+
+def _fp8_gather_bytes(slow: StageCost, params: Any, dtype: str) -> Any:
+    """Bytes the FP8 parameter all-gather moves for `params` of the stage: param_gather_bytes each, but the stage's
+    share of parameters a `precision: bf16` block keeps out of the recipe (its bf16_params) in bf16, as
+    Megatron-Core gathers a parameter with no FP8 copy in its own dtype (that share taken alike by the dense and
+    the expert group)."""
+    if mathx.is_zero(slow.bf16_params):
+        return params * param_gather_bytes(dtype)
+    kept = params * slow.bf16_params / slow.params
+    return (params - kept) * param_gather_bytes(dtype) + kept * element_bytes("bf16")
 
 
 def _zero3_per_micro(comm: Any, hw: Hardware, group: Any, weight_bytes: float, grad_bytes: float, units: int,

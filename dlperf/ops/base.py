@@ -21,7 +21,9 @@ INDEX_BYTES = 8  # int64 indices (torch.topk, torch.nonzero)
 
 @dataclass(frozen=True)
 class Layer:
-    """One operator instance with its resolved attributes and shapes (per sample; batch is symbolic)."""
+    """One operator instance with its resolved attributes and shapes (per sample; batch is symbolic). `precision`:
+    "bf16" for a layer built inside a `{block: ..., precision: bf16}` call, which an FP8 recipe leaves in 16 bits
+    (dlperf.ops.fp8.fp8_layers); it makes the layer differ from equal layers elsewhere. "" otherwise."""
 
     op: str
     attrs: tuple[tuple[str, Any], ...]
@@ -29,6 +31,7 @@ class Layer:
     out_shape: Shape
     name: str = ""
     params: Any = 0
+    precision: str = ""
 
     def __getitem__(self, key: str) -> Any:
         return dict(self.attrs)[key]

@@ -142,12 +142,15 @@ def weight_copy_bytes(dtype: str, transpose: str = "cached") -> float:
 
 
 def fp8_layers(root: Any) -> frozenset[Layer]:
-    """The layers an FP8 recipe runs in FP8: those inside the model's blocks (the transformer layers). The
-    top-level embedding, final norm and output head stay bf16, as Megatron-LM keeps its output layer outside
-    Transformer Engine and torchtitan's float8 conversion skips the `output` projection."""
+    """The layers an FP8 recipe runs in FP8: those inside the model's blocks (the transformer layers), less those a
+    `{block: ..., precision: bf16}` call keeps in 16 bits (Megatron-Bridge's keep_mtp_spec_in_bf16: the MTP layers
+    built outside the FP8 context). The top-level embedding, final norm and output head stay bf16, as Megatron-LM
+    keeps its output layer outside Transformer Engine and torchtitan's float8 conversion skips the `output`
+    projection."""
     from dlperf.spec.model import Seq, walk
 
-    return frozenset(layer for item in root.items if isinstance(item, Seq) for layer, _ in walk(item, 1))
+    return frozenset(layer for item in root.items if isinstance(item, Seq) for layer, _ in walk(item, 1)
+                     if not layer.precision)
 
 
 def storage_dtype(dtype: str) -> str:

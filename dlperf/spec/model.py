@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,9 @@ MAX_ENTRIES = 20_000       # layer entries built (a block is built once per call
 MAX_UNITS = 10_000         # layer instances once repeats are unrolled (what pipeline staging cuts between)
 MAX_STACKED = 1_000        # `layers:` of one recurrent op
 PAIR_ATTRS = ("kernel", "stride", "padding", "dilation", "output")
+# A block call's `precision`: bf16 keeps every layer built inside it out of an FP8 or FP4 recipe (Megatron-Bridge's
+# keep_mtp_spec_in_bf16, dlperf.ops.fp8.fp8_layers)
+PRECISIONS = ("bf16",)
 
 
 def _cached_hash(node: Any, key: tuple) -> int:
@@ -376,7 +379,8 @@ def _repeat(entry: dict, env: dict, ctx: _Ctx, where: str, line: int | None) -> 
 
 
 def _block_call(entry: dict, shape: tuple, env: dict, ctx: _Ctx, where: str, line: int | None) -> Seq:
-    check_keys(entry, ("block", "repeat", "args", "name", "layers_per_repeat"), ctx.file, where)
+    check_keys(entry, ("block", "repeat", "args", "name", "layers_per_repeat", "precision"), ctx.file, where)
+    precision = _precision(entry, ctx, where, line)
     name = entry["block"]
     if not isinstance(name, str) or name not in ctx.blocks:
         hint = closest(str(name), ctx.blocks)
@@ -402,7 +406,34 @@ def _block_call(entry: dict, shape: tuple, env: dict, ctx: _Ctx, where: str, lin
                       f"blocks.{name}.layers", line_of(block, "layers"))
     _check_repeatable(inner, shape, repeat, where)
     per_repeat = _layers_per_repeat(entry, inner, ctx, where, line)
-    return Seq(inner.items, repeat, str(entry.get("name", name)), per_repeat)
+    items = tuple(_with_precision(item, precision) for item in inner.items) if precision else inner.items
+    return Seq(items, repeat, str(entry.get("name", name)), per_repeat)
+
+
+def _precision(entry: dict, ctx: _Ctx, where: str, line: int | None) -> str:
+    """The call's `precision` ("" when absent): bf16, or a SpecError."""
+    if "precision" not in entry:
+        return ""
+    value = entry["precision"]
+    if value not in PRECISIONS:
+        raise SpecError(expected="precision: " + " | ".join(PRECISIONS), found=value, file=ctx.file,
+                        line=line_of(entry, "precision") or line, field=f"{where}.precision")
+    return str(value)
+
+
+def _with_precision(node: Node, precision: str) -> Node:
+    """`node` with every layer in it marked `precision` (so distinct from equal layers built elsewhere)."""
+    if isinstance(node, Layer):
+        return replace(node, precision=precision)
+    if isinstance(node, Seq):
+        return _seq_with_precision(node, precision)
+    return Branches(tuple(_seq_with_precision(path, precision) for path in node.paths),
+                    replace(node.merge, precision=precision), node.name)
+
+
+def _seq_with_precision(seq: Seq, precision: str) -> Seq:
+    return Seq(tuple(_with_precision(item, precision) for item in seq.items), seq.repeat, seq.name,
+               seq.layers_per_repeat)
 
 
 def _layers_per_repeat(entry: dict, inner: Seq, ctx: _Ctx, where: str, line: int | None) -> int:
