@@ -97,3 +97,21 @@ def test_kernel_transfer_counts_one_copy_per_rank_reached():
     par = _parallel(comm, load_hardware("gb200-nvl72"), PLAN)
     seconds = _kernel_transfer(layer, par, 8.0, 1.0)
     assert seconds == pytest.approx(parts_reached(layer, 8)) and 5 < seconds < 6
+
+
+def test_hierarchical_dispatcher_without_a_table_sends_once_per_node_reached():
+    """DGX-B200 has no published HybridEP table across nodes: the all-to-all model prices it, but HybridEP and DeepEP
+    still send a token over RDMA once per node it reaches and forward it over NVLink (DeepEP docs/legacy.md
+    @dd758caf; README_Hybrid-EP.md @94a9f8f), so the inter-node leg carries nodes reached, not top_k copies; the
+    all-to-all dispatcher stays flat. Nemotron 3 Super's routing, 22 of 512 experts on 8 nodes."""
+    b200 = load_hardware("dgx-b200")
+    layer = {"experts": 512, "top_k": 22}
+    plan = PLAN.with_(devices=64, dp=64, ep=64)
+    hybrid, flat = (_parallel(comm, b200, plan.with_(ep_dispatcher=d)) for d in ("hybridep", "alltoall"))
+    assert hybrid.ep_nodes == 8 and hybrid.ep_kernel("combine") is None
+    nodes = parts_reached(layer, 8)
+    assert nodes == pytest.approx(8 * (1 - np.prod([(448 - i) / (512 - i) for i in range(22)])), rel=1e-12)
+    across, inside = hybrid.ep_alltoall_nodes(8e6 / 22 * nodes), hybrid.ep_alltoall_node(8e6)
+    assert _alltoall(layer, hybrid, 8e6) == pytest.approx(max(across, inside), rel=1e-12)
+    assert _alltoall(layer, flat, 8e6) == flat.ep_alltoall(8e6)
+    assert _alltoall(layer, hybrid, 8e6) < _alltoall(layer, flat, 8e6)

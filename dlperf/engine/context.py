@@ -340,10 +340,16 @@ def ep_collectives(layer: Layer, par: Parallel) -> tuple[int, int]:
 
 
 def _alltoall(layer: Layer, par: Parallel, nbytes: Any) -> Any:
-    """One all-to-all of `nbytes` per rank over the ep group: flat, or in two legs under group-limited routing
-    across nodes (summed; overlapped under DeepEP and HybridEP)."""
-    if not (layer.get("top_groups") and par.ep_nodes > 1):
+    """One all-to-all of `nbytes` per rank over the ep group: flat, or in two legs across nodes under group-limited
+    routing or a hierarchical dispatcher (summed; overlapped under DeepEP and HybridEP). DeepEP's and HybridEP's
+    kernels send a token over RDMA once per node it reaches and forward it over NVLink there ("normal kernels with
+    NVLink and RDMA forwarding", deepseek-ai/DeepEP docs/legacy.md @dd758caf; the hybrid-ep branch's
+    docs/README_Hybrid-EP.md @94a9f8f), whatever the routing: where no published table prices them across nodes
+    (`_transfer`), the RDMA leg carries the expected nodes reached (parts_reached), not top_k copies."""
+    grouped = bool(layer.get("top_groups"))
+    if par.ep_nodes == 1 or not (grouped or par.ep_dispatcher in DISPATCHER_SMS):
         return par.ep_alltoall(nbytes)
-    across = par.ep_alltoall_nodes(nbytes / layer["top_k"] * nodes_reached(layer, par.ep_nodes))
+    reached = nodes_reached(layer, par.ep_nodes) if grouped else parts_reached(layer, par.ep_nodes)
+    across = par.ep_alltoall_nodes(nbytes / layer["top_k"] * reached)
     inside = par.ep_alltoall_node(nbytes)
     return mathx.maximum(across, inside) if par.ep_dispatcher in DISPATCHER_SMS else across + inside
