@@ -100,3 +100,15 @@ def test_nemotron_3_super_parameters_by_hand() -> None:
     # (Megatron-Bridge examples/model_verification_cards/nemotron-3-super-120b-a12b/card.yaml @067f987d)
     mtp = load_model("nemotron-3-super", {"mtp_layers": 1})
     assert mtp.total_params == backbone + attn + moe + 2 * h * h + 3 * h == 123_611_033_088
+
+
+def test_context_parallelism_over_mamba_layers_is_refused_in_one_line() -> None:
+    """The SSD scan carries its state along the sequence; dlperf does not price a context-parallel Mamba layer, so a
+    plan asking for one is refused, in one line, with exit code 2 (not priced as if the scan split for free)."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "dlperf", "predict", "nemotron-3-nano", "dgx-h100", "--gpus", "16",
+                          "--cp", "2", "--ep", "8", "--global-batch", "64"], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.count("\n") == 1 and "context parallelism over Mamba-2 layers" in run.stderr

@@ -1412,6 +1412,11 @@ def _check_ep_cp(model: Model, plan: Plan) -> None:
     for layer in moe:
         if isinstance(layer["experts"], int) and layer["experts"] % plan.ep:
             raise PlanError(f"ep={plan.ep} must divide the experts of {layer.name} ({layer['experts']})")
+    if plan.cp > 1 and any(layer.op == "mamba2" for layer, _ in model.counted()):
+        # the SSD scan passes its state along the sequence: a context-parallel Mamba layer exchanges more than
+        # attention's ring does, which dlperf.ops.ssm does not price
+        raise PlanError(f"cp={plan.cp}: context parallelism over Mamba-2 layers is not modelled ({model.name} has "
+                        "them); use cp 1")
     if plan.cp > 1:
         seqs = {layer.in_shape[-2] for layer, _ in model.counted() if layer.op in ("attention", "mla")}
         chunks = 2 * plan.cp if plan.cp_algorithm == "ring" else plan.cp
