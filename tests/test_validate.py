@@ -1009,7 +1009,7 @@ def test_megatron_bridge_blackwell_llama3_fp8_rows_within_20_percent(results):
     "Nemotron 3 Nano MXFP8, 16 rows, MAE 27.3%, every one too fast: GB300 +24..+34%, GB200 +24..+32%, B300 "
     "+19..+26%, B200 +20%, with its Mamba-2 SSD priced as FlashAttention-2 over 2048 keys; its recipes' CUDA "
     "graphs (attn, mamba, moe_router, moe_preprocess) remove host time that dlperf already finds hidden; "
-    "Nemotron 3 Super MXFP8 with its 2 MTP passes in BF16, 6 rows, MAE 20.0%: GB300 +23/+25%, B300 +25/+30%, "
+    "Nemotron 3 Super MXFP8 with its 2 MTP passes in BF16, 6 rows, MAE 20.1%: GB300 +23/+25%, B300 +25/+30%, "
     "B200 +8/+10% (EP 64 over 8 nodes: HybridEP's RDMA leg once per node reached)). "
     "The 23 all-to-all / DeepEP rows: MAE 44.4%, -22..+168% (the 25.09 token-drop ones as drop-and-pad at capacity "
     "factor 1, -22..+21%): Qwen3-30B H100 dropless with EP overlap +168% (25.11, all-to-all), +139% (26.02, DeepEP "
