@@ -83,18 +83,19 @@ def graphed_layers(graphs: Graphs, uses: list[Use]) -> Any:
     if not graphs.scopes or graphs.full:
         return 0
     layers, moe = layer_counts(uses)
-    if mamba_layers(uses):
-        return _hybrid_graphed(graphs, layers, moe, mamba_layers(uses))
+    mamba = mamba_layers(uses)
+    if mamba:
+        return _captured(graphs, layers, moe, 0, mamba)
     if "attn" in graphs.scopes:
         return layers
-    return (moe if graphs.moe_side else 0) + ((layers - moe) if "mlp" in graphs.scopes else 0)
+    return _captured(graphs, 0, moe, layers - moe, 0)
 
 
-def _hybrid_graphed(graphs: Graphs, attention: Any, moe: Any, mamba: Any) -> Any:
-    """A hybrid stack's captured layers: attention under "attn", MoE under moe_router or moe, Mamba under "mamba"
-    (CudaGraphScope.mamba, megatron/core/transformer/enums.py)."""
+def _captured(graphs: Graphs, attention: Any, moe: Any, dense: Any, mamba: Any) -> Any:
+    """How many of these sublayers the scopes capture: attention under "attn", MoE MLPs under moe_router or moe,
+    dense MLPs under mlp, Mamba mixers under "mamba" (CudaGraphScope.mamba, megatron/core/transformer/enums.py)."""
     return ((attention if "attn" in graphs.scopes else 0) + (moe if graphs.moe_side else 0)
-            + (mamba if "mamba" in graphs.scopes else 0))
+            + (dense if "mlp" in graphs.scopes else 0) + (mamba if "mamba" in graphs.scopes else 0))
 
 
 def sublayer_share(graphs: Graphs, uses: list[Use]) -> Any:
@@ -105,12 +106,10 @@ def sublayer_share(graphs: Graphs, uses: list[Use]) -> Any:
     layers, moe = layer_counts(uses)
     mamba = mamba_layers(uses)
     if mamba:
-        return _hybrid_graphed(graphs, layers, moe, mamba) / (layers + moe + mamba)
+        return _captured(graphs, layers, moe, 0, mamba) / (layers + moe + mamba)
     if not layers:
         return 0.0
-    graphed = ((layers if "attn" in graphs.scopes else 0) + (moe if graphs.moe_side else 0)
-               + ((layers - moe) if "mlp" in graphs.scopes else 0))
-    return graphed / (2 * layers)
+    return _captured(graphs, layers, moe, layers - moe, 0) / (2 * layers)
 
 
 def use_share(graphs: Graphs, use: Use, sublayers: Any) -> Any:

@@ -53,8 +53,7 @@ def uniform_partition(model: Model, pp: int) -> list[list[Any]] | None:
     per_stage = block.layer_count // pp
     kinds = block.layers_per_repeat
     width = len(block.items) // kinds
-    layers = [Seq(block.items, 1, block.name)] if kinds == 1 else \
-        [Seq(block.items[k * width:(k + 1) * width], 1, block.name) for k in range(kinds)]
+    layers = [Seq(block.items[k * width:(k + 1) * width], 1, block.name) for k in range(kinds)]
     stages = [[layers[(s * per_stage + i) % kinds] for i in range(per_stage)] for s in range(pp)]
     stages[0] = list(items[:index]) + stages[0]
     stages[-1] = stages[-1] + list(items[index + 1:])

@@ -61,6 +61,7 @@ from typing import Any
 
 from dlperf.cost import Cost
 from dlperf.ops.base import BYTES_PER_ELEMENT, Kernel, Layer, numel
+from dlperf.ops.moe import routed_width
 from dlperf.spec.hardware import LAUNCH_CALL
 
 FP8_GEMM = "matmul_fp8"      # kernel class: a low-precision GEMM, timed on the recipe dtype's peak and GEMM curve
@@ -324,7 +325,7 @@ def moe_gemm_inputs(layer: Layer) -> Any:
     input), and the shared experts' activation output (their fc2 input). Megatron-Core's experts are TE
     GroupedLinear modules; the SwiGLU input, the router input and the expert outputs stay 16-bit. With `latent`
     the routed copies are latent-wide, and fc2_latent_proj (a TE Linear) keeps its input, the combined latent."""
-    tokens, k, w = numel(layer.in_shape[:-1]), layer["top_k"], layer["latent"] or layer.in_shape[-1]
+    tokens, k, w = numel(layer.in_shape[:-1]), layer["top_k"], routed_width(layer)
     inputs = tokens * (k * (w + layer["ffn"]) + layer["shared_experts"] * (layer["shared_ffn"] or layer["ffn"]))
     return inputs + tokens * w if layer["latent"] else inputs
 

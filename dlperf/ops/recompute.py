@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlperf.ops.base import BYTES_PER_ELEMENT, Layer, numel
+from dlperf.ops.moe import routed_width
 
 NORM_OPS = ("rmsnorm", "layernorm")
 FP8 = BYTES_PER_ELEMENT["fp8"]
@@ -148,7 +149,7 @@ def _moe(layer: Layer, e: int, modules: frozenset[str], fp8: bool, input_recompu
     moe_gemm_inputs), the rest at `e`: FP8 caching moves both to FP8 with tile scales. With `latent` the routed
     copies are latent-wide and fc2_latent_proj's kept input, the combined latent, is one more GEMM input."""
     s, d, k, f = numel(layer.in_shape[:-1]), layer.in_shape[-1], layer["top_k"], layer["ffn"]
-    w, fc2_in = layer["latent"] or d, layer["latent"] or 0
+    w, fc2_in = routed_width(layer), layer["latent"] or 0
     width = layer["shared_experts"] * (layer["shared_ffn"] or layer["ffn"])
     act_in = 2 if layer["gated"] else 1
     act_recomputed = "moe_act" in modules

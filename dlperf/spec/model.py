@@ -426,14 +426,9 @@ def _with_precision(node: Node, precision: str) -> Node:
     if isinstance(node, Layer):
         return replace(node, precision=precision)
     if isinstance(node, Seq):
-        return _seq_with_precision(node, precision)
-    return Branches(tuple(_seq_with_precision(path, precision) for path in node.paths),
-                    replace(node.merge, precision=precision), node.name)
-
-
-def _seq_with_precision(seq: Seq, precision: str) -> Seq:
-    return Seq(tuple(_with_precision(item, precision) for item in seq.items), seq.repeat, seq.name,
-               seq.layers_per_repeat)
+        return replace(node, items=tuple(_with_precision(item, precision) for item in node.items))
+    return replace(node, paths=tuple(_with_precision(path, precision) for path in node.paths),
+                   merge=replace(node.merge, precision=precision))
 
 
 def _layers_per_repeat(entry: dict, inner: Seq, ctx: _Ctx, where: str, line: int | None) -> int:
